@@ -1,0 +1,110 @@
+"""The engine adapter interface: what the scheduler needs from a runtime, and the registry
+that engine plugins fill through ``superfluid_add_engines``."""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+import attrs
+
+from .errors import ConfigError
+from .tick import TickPlan, TickResult
+
+
+@attrs.define(frozen=True)
+class EngineCapabilities:
+    """What an engine declares so policies can plan for it without knowing it.
+
+    ``tick_target_free_ms`` is the tick length while a lane is free or finishing;
+    ``tick_target_busy_cap_ms`` caps ``--tick-target-ms`` while every lane is busy."""
+
+    max_lanes: int
+    context_length: int
+    stops_mid_tick: bool = True
+    uniform_decode_rounds: bool = True
+    supports_parking: bool = False
+    prefill_step_tokens: int = 512
+    tick_target_free_ms: float = 50.0
+    tick_target_busy_cap_ms: float = 250.0
+
+
+@attrs.define(frozen=True)
+class ModelInfo:
+    """Tokenizer-level facts a front end needs: chat template, special tokens, FIM tokens."""
+
+    name: str
+    path: str
+    chat_template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+    add_bos: bool = False
+    fim_prefix: int | None = None
+    fim_suffix: int | None = None
+    fim_middle: int | None = None
+    n_vocab: int = 0
+    n_ctx_train: int = 0
+
+
+class Engine(abc.ABC):
+    """One loaded model. Tokenizing happens in the daemon; ticks may run elsewhere (a worker)."""
+
+    capabilities: EngineCapabilities
+    info: ModelInfo
+
+    @abc.abstractmethod
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Load the model (and start any worker). Blocks until the engine can run ticks."""
+
+    @abc.abstractmethod
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ...
+
+    @abc.abstractmethod
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token contributes to output text (special tokens render as nothing)."""
+
+    @abc.abstractmethod
+    def run_tick(self, plan: TickPlan) -> TickResult:
+        """Run one tick. Called only from the model's scheduler thread."""
+
+    @abc.abstractmethod
+    def request_stop(self) -> None:
+        """Ask the tick in flight to end at the engine's next step. Safe from any thread."""
+
+    @abc.abstractmethod
+    def clear_stop(self) -> None:
+        """Reset the stop request before the next tick."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        ...
+
+    def describe(self) -> dict:
+        """Extra facts for /health (worker pid, state)."""
+        return {}
+
+
+EngineFactory = Callable[..., Engine]
+
+
+class EngineRegistry:
+    """Engine factories by name. Plugins call :meth:`add` from ``superfluid_add_engines``."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, EngineFactory] = {}
+
+    def add(self, name: str, factory: EngineFactory) -> None:
+        if name in self._factories:
+            raise ValueError(f"engine {name!r} registered twice")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, **kwargs) -> Engine:
+        try:
+            factory = self._factories[name]
+        except KeyError:
+            raise ConfigError(f"unknown engine {name!r}; installed engines: {', '.join(self.names()) or 'none'}")
+        return factory(**kwargs)

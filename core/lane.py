@@ -1,0 +1,102 @@
+"""A lane: one generation bound to one engine sequence slot, and the events it sends out."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import attrs
+
+from .request import Request
+from .textstream import TextStream
+
+
+class LaneState(enum.Enum):
+    QUEUED = "queued"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+
+
+@attrs.define(eq=False)
+class Lane:
+    """The scheduler's view of one generation.
+
+    ``tokens`` is prompt + generated. The engine's KV for this lane holds ``tokens[:n_cached]``;
+    what remains (``tokens[n_cached:]``) is fed next, and the engine samples once the feed reaches
+    the end. A decoding lane therefore always has exactly one token left to feed: the last one
+    sampled. Resuming after a dropped KV is just ``n_cached = 0``."""
+
+    request: Request
+    text: TextStream
+    tokens: list[int] = attrs.field(init=False)
+    n_prompt: int = attrs.field(init=False)
+    state: LaneState = LaneState.QUEUED
+    slot: int | None = None
+    n_cached: int = 0
+    queued_at: float = attrs.field(factory=time.monotonic)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    cancel_requested: bool = False
+    waited_ticks: int = 0
+    n_prefilled: int = 0   # prompt tokens the engine actually prefilled for this lane
+    n_output: int = 0      # generated tokens that count toward usage (EOS excluded)
+    needs_reset: bool = True  # the engine must clear the slot and start a fresh sampler
+
+    def __attrs_post_init__(self):
+        self.tokens = list(self.request.prompt_tokens)
+        self.n_prompt = len(self.tokens)
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def qos(self) -> str:
+        return self.request.qos
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+    @property
+    def to_feed(self) -> int:
+        """Tokens not yet in the engine's KV (the last sampled token included)."""
+        return len(self.tokens) - self.n_cached
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.to_feed > 1 or self.n_generated == 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        """How many more tokens this lane may generate."""
+        return self.request.max_tokens - self.n_generated
+
+    @property
+    def active(self) -> bool:
+        return self.state in (LaneState.PREFILLING, LaneState.DECODING)
+
+
+@attrs.define(frozen=True)
+class LaneEvent:
+    """Sent to a request's sink. ``kind`` is "admitted", "delta", "paused", "finished" or "error".
+
+    "delta" carries released text and the number of tokens it came from; "finished" carries the
+    finish reason ("stop", "length", "cancelled") and the usage counts; "error" carries the
+    exception. ``lane`` is a read-only view for timings (admitted_at, first_token_at)."""
+
+    kind: str
+    request_id: str
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: BaseException | None = None
+    timings: dict = attrs.field(factory=dict)

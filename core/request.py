@@ -1,0 +1,60 @@
+"""What a client asked for, independent of the protocol it used to ask."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable
+
+import attrs
+
+_ids = itertools.count(1)
+
+
+def new_request_id(prefix: str = "req") -> str:
+    return f"{prefix}-{next(_ids):08d}-{int(time.time() * 1000) % 100000:05d}"
+
+
+@attrs.define(frozen=True)
+class SamplingParams:
+    """Per-request sampling, applied by the engine's own sampler so that greedy output matches
+    the runtime. ``temperature <= 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+@attrs.define
+class Request:
+    """One generation request: prompt tokens, limits, sampling, QoS class and flags.
+
+    ``sink`` receives :class:`~superfluid.core.lane.LaneEvent` objects from the scheduler
+    thread; it must not block (front ends hand them to their own event loop)."""
+
+    prompt_tokens: list[int]
+    max_tokens: int
+    sink: Callable[["object"], None]
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    qos: str = "agent"
+    batch_invariant: bool = False
+    id: str = attrs.field(factory=new_request_id)
+    arrived: float = attrs.field(factory=time.monotonic)
+    meta: dict = attrs.field(factory=dict)

@@ -1,0 +1,348 @@
+"""The scheduler: one thread per model running admit → plan → engine tick → commit.
+
+Nothing else touches lanes. Policies (admission order, victim choice, tick planning) are hooks;
+the engine only obeys plans. Front ends talk to it through :meth:`submit` and :meth:`cancel`
+from any thread, and hear back through each request's sink."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import attrs
+
+from .costs import CostModel
+from .engine import Engine
+from .errors import ContextLengthExceeded, EngineFailure, ServiceUnavailable, SuperfluidError
+from .lane import Lane, LaneEvent, LaneState
+from .request import Request
+from .textstream import TextStream
+from .tick import TickPlan, TickResult
+
+log = logging.getLogger("superfluid.scheduler")
+
+
+@attrs.define
+class SchedulerSettings:
+    """A model's scheduling knobs (from config) plus what its engine declared."""
+
+    max_batch: int = 8
+    context_length: int = 4096
+    prefill_budget: int = 4096
+    tick_decode_budget: int = 0
+    tick_target_ms: int = 2000
+    starvation_ticks: int = 8
+    extra: dict = attrs.field(factory=dict)  # plugin-declared, model-scoped options
+
+
+@attrs.define
+class TickStats:
+    """What one tick did, for observers (metrics, logs)."""
+
+    model: str
+    seconds: float
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_budget: int
+    decode_grant: int
+    lanes_busy: int
+    max_lanes: int
+    queue_depth: int
+    stopped_early: bool
+    kv_used: int
+    kv_capacity: int
+    first_tokens: list[tuple[str, float]]  # (qos class, seconds from admission) per new first token
+    finished: list[Lane]
+    queue_by_class: dict[str, int]
+    lanes_by_class: dict[str, int]
+
+
+class Scheduler:
+    def __init__(self, name: str, engine: Engine, hook, settings: SchedulerSettings):
+        self.name = name
+        self.engine = engine
+        self.hook = hook
+        self.settings = settings
+        self.costs = CostModel()
+        self.queue: list[Lane] = []
+        self.lanes: list[Lane] = []
+        self._free_slots = list(range(settings.max_batch - 1, -1, -1))
+        self._release: list[int] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.ticks = 0
+        self.last_plan = TickPlan()
+        self.kv = (0, 0)
+
+    # ---- front-end side (any thread) ---------------------------------------------------------
+
+    def submit(self, request: Request) -> Lane:
+        """Queue a request. Raises if it can never run (prompt longer than the context)."""
+        n = len(request.prompt_tokens)
+        ctx = self.settings.context_length
+        if n == 0:
+            raise SuperfluidError("the prompt is empty", status=400, code="invalid_prompt")
+        if n >= ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has {n} tokens.",
+                param="messages" if request.meta.get("chat") else "prompt")
+        lane = Lane(request=request, text=TextStream(self.engine.token_bytes, request.stop))
+        with self._cv:
+            if self._closed:
+                raise ServiceUnavailable(f"model {self.name!r} is shutting down")
+            self.queue.append(lane)
+            self._cv.notify()
+            if self.lanes and self.hook.superfluid_should_stop_tick(lane=lane, lanes=list(self.lanes),
+                                                                    settings=self.settings):
+                self.engine.request_stop()
+        return lane
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request wherever it is; a running tick ends at the engine's next step."""
+        with self._cv:
+            for lane in self.queue:
+                if lane.id == request_id:
+                    self.queue.remove(lane)
+                    self._finish(lane, "cancelled", LaneState.CANCELLED)
+                    return
+            for lane in self.lanes:
+                if lane.id == request_id and not lane.cancel_requested:
+                    lane.cancel_requested = True
+                    self.engine.request_stop()
+                    self._cv.notify()
+                    return
+
+    def snapshot(self) -> dict:
+        """Per-slot state for /slots."""
+        now = time.monotonic()
+        with self._cv:
+            by_slot = {lane.slot: lane for lane in self.lanes}
+            slots = []
+            for slot in range(self.settings.max_batch):
+                lane = by_slot.get(slot)
+                if lane is None:
+                    slots.append({"id": slot, "state": "free"})
+                    continue
+                slots.append(_lane_view(slot, lane, now))
+            return {"model": self.name, "slots": slots, "queued": len(self.queue),
+                    "queue": [{"request_id": l.id, "qos": l.qos, "waited_s": round(now - l.queued_at, 3)}
+                              for l in self.queue],
+                    "ticks": self.ticks, "kv_used": self.kv[0], "kv_capacity": self.kv[1],
+                    "costs": self.costs.as_dict()}
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            for lane in list(self.queue):
+                self._fail(lane, ServiceUnavailable(f"model {self.name!r} is shutting down"))
+            self.queue.clear()
+            self._cv.notify_all()
+        self.engine.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self.queue or self.lanes)
+
+    # ---- the loop (scheduler thread) -----------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._closed or self.queue or self.lanes or self._release):
+                    self._cv.wait()
+                if self._closed and not self.lanes:
+                    break
+                self.engine.clear_stop()
+                plan = self._plan()
+            try:
+                result = self.engine.run_tick(plan)
+            except Exception as exc:  # the engine failed: fail its lanes, keep serving others
+                log.exception("model %s: tick failed", self.name)
+                with self._cv:
+                    self._engine_failed(plan, exc)
+                continue
+            with self._cv:
+                stats = self._commit(plan, result)
+            self.hook.superfluid_tick_done(model=self.name, stats=stats)
+        log.info("model %s: scheduler stopped", self.name)
+
+    def _plan(self) -> TickPlan:
+        now = time.monotonic()
+        for lane in [l for l in self.lanes if l.cancel_requested]:
+            self._finish(lane, "cancelled", LaneState.CANCELLED)
+        if not self._closed:
+            self._admit(now)
+        for lane in self.queue:
+            lane.waited_ticks += 1
+        plan = TickPlan()
+        if self.lanes:
+            plan = self.hook.superfluid_plan_tick(
+                lanes=list(self.lanes), queue=list(self.queue), costs=self.costs,
+                capabilities=self.engine.capabilities, settings=self.settings, now=now)
+            if plan is None:
+                raise RuntimeError("no plugin implements superfluid_plan_tick (is the qos plugin installed?)")
+        plan.release.extend(self._release)
+        self._release.clear()
+        self.last_plan = plan
+        return plan
+
+    def _admit(self, now: float) -> None:
+        while self._free_slots and self.queue:
+            lane = self.hook.superfluid_pick_next(queue=list(self.queue), lanes=list(self.lanes),
+                                                  now=now, settings=self.settings)
+            if lane is None:
+                return
+            self.queue.remove(lane)
+            lane.slot = self._free_slots.pop()
+            lane.state = LaneState.PREFILLING
+            lane.needs_reset = True
+            if lane.admitted_at is None:
+                lane.admitted_at = now
+            self.lanes.append(lane)
+            self._emit(lane, LaneEvent("admitted", lane.id, timings={"queued_s": now - lane.queued_at}))
+
+    def _commit(self, plan: TickPlan, result: TickResult) -> TickStats:
+        self.ticks += 1
+        self.costs.observe(result.steps)
+        self.kv = (result.kv_used, result.kv_capacity)
+        by_slot = {lane.slot: lane for lane in self.lanes}
+        now = time.monotonic()
+        first_tokens: list[tuple[str, float]] = []
+        finished: list[Lane] = []
+        decode_tokens = 0
+        prefilled = 0
+        for lp in plan.lanes:
+            lane = by_slot.get(lp.slot)
+            if lane is None:
+                continue
+            lane.needs_reset = False
+            res = result.lanes.get(lp.slot)
+            if res is None:
+                continue
+            lane.n_cached += res.n_fed
+            lane.n_prefilled += res.n_prefill
+            prefilled += res.n_prefill
+            decode_tokens += len(res.tokens)
+            if self._take_tokens(lane, res.tokens, res.eog, now, first_tokens):
+                finished.append(lane)
+            elif lane.active:
+                lane.state = LaneState.PREFILLING if lane.is_prefilling else LaneState.DECODING
+        for lane in [l for l in self.lanes if l.cancel_requested]:
+            self._finish(lane, "cancelled", LaneState.CANCELLED)
+            finished.append(lane)
+        return TickStats(
+            model=self.name, seconds=result.seconds, prefill_tokens=prefilled,
+            decode_tokens=decode_tokens, prefill_budget=plan.prefill_budget,
+            decode_grant=plan.decode_grant, lanes_busy=len(self.lanes),
+            max_lanes=self.settings.max_batch, queue_depth=len(self.queue),
+            stopped_early=result.stopped_early, kv_used=result.kv_used,
+            kv_capacity=result.kv_capacity, first_tokens=first_tokens, finished=finished,
+            queue_by_class=_count_by_class(self.queue), lanes_by_class=_count_by_class(self.lanes))
+
+    def _take_tokens(self, lane: Lane, tokens: list[int], eog: bool, now: float,
+                     first_tokens: list) -> bool:
+        """Append sampled tokens to a lane and stream their text; True if the lane finished."""
+        if not tokens:
+            return False
+        if lane.first_token_at is None:
+            lane.first_token_at = now
+            first_tokens.append((lane.qos, now - lane.admitted_at))
+        text = []
+        reason = None
+        for i, token in enumerate(tokens):
+            lane.tokens.append(token)
+            if eog and i == len(tokens) - 1 and not lane.request.ignore_eos:
+                reason = "stop"
+                break
+            lane.n_output += 1
+            text.append(lane.text.push(token))
+            if lane.text.stopped:
+                reason = "stop"
+                break
+            if lane.remaining_tokens <= 0 or len(lane.tokens) >= self.settings.context_length:
+                reason = "length"
+                break
+        delta = "".join(text)
+        if delta:
+            self._emit(lane, LaneEvent("delta", lane.id, text=delta, token_ids=tuple(tokens)))
+        if reason is not None:
+            self._finish(lane, reason, LaneState.FINISHED)
+            return True
+        return False
+
+    def _finish(self, lane: Lane, reason: str, state: LaneState) -> None:
+        tail = lane.text.flush() if reason != "cancelled" else ""
+        if tail:
+            self._emit(lane, LaneEvent("delta", lane.id, text=tail))
+        lane.state = state
+        lane.finish_reason = reason
+        lane.finished_at = time.monotonic()
+        self._drop(lane)
+        self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason,
+                                   prompt_tokens=lane.n_prompt, completion_tokens=lane.n_output,
+                                   timings=_timings(lane)))
+        self.hook.superfluid_lane_finished(model=self.name, lane=lane)
+
+    def _fail(self, lane: Lane, exc: BaseException) -> None:
+        lane.state = LaneState.FINISHED
+        lane.finish_reason = "error"
+        lane.finished_at = time.monotonic()
+        self._drop(lane)
+        self._emit(lane, LaneEvent("error", lane.id, error=exc, timings=_timings(lane)))
+        self.hook.superfluid_lane_finished(model=self.name, lane=lane)
+
+    def _drop(self, lane: Lane) -> None:
+        if lane in self.lanes:
+            self.lanes.remove(lane)
+        if lane.slot is not None:
+            self._free_slots.append(lane.slot)
+            self._release.append(lane.slot)
+            lane.slot = None
+
+    def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
+        error = exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}")
+        for lane in list(self.lanes):
+            self._fail(lane, error)
+
+    @staticmethod
+    def _emit(lane: Lane, event: LaneEvent) -> None:
+        try:
+            lane.request.sink(event)
+        except Exception:  # a broken sink must not stop the scheduler
+            log.exception("sink of %s failed", lane.id)
+
+
+def _count_by_class(lanes: list[Lane]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for lane in lanes:
+        counts[lane.qos] = counts.get(lane.qos, 0) + 1
+    return counts
+
+
+def _timings(lane: Lane) -> dict:
+    t = {"queued_at": lane.queued_at, "admitted_at": lane.admitted_at,
+         "first_token_at": lane.first_token_at, "finished_at": lane.finished_at,
+         "arrived": lane.request.arrived, "prefilled": lane.n_prefilled}
+    return t
+
+
+def _lane_view(slot: int, lane: Lane, now: float) -> dict:
+    view = {"id": slot, "state": lane.state.value, "request_id": lane.id, "qos": lane.qos,
+            "prompt_tokens": lane.n_prompt, "cached_tokens": lane.n_cached,
+            "generated_tokens": lane.n_generated, "max_tokens": lane.request.max_tokens}
+    if lane.admitted_at is not None and lane.n_prefilled:
+        end = lane.first_token_at or now
+        view["prefill_tokens_per_s"] = round(lane.n_prefilled / max(end - lane.admitted_at, 1e-6), 1)
+    if lane.first_token_at is not None and lane.n_generated > 1:
+        view["decode_tokens_per_s"] = round((lane.n_generated - 1) / max(now - lane.first_token_at, 1e-6), 1)
+    return view

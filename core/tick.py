@@ -1,0 +1,74 @@
+"""One engine call: what the scheduler asks of the engine, and what comes back."""
+
+from __future__ import annotations
+
+import attrs
+
+from .request import SamplingParams
+
+
+@attrs.define
+class LanePlan:
+    """One lane's share of a tick.
+
+    The engine appends ``feed`` to the slot's KV at positions ``pos, pos+1, …``. If ``sample`` is
+    set the feed reaches the end of the lane's tokens: the engine samples after it and then runs up
+    to ``max_new - 1`` more decode rounds, feeding back each sampled token, stopping early at an
+    end-of-generation token unless ``ignore_eos``. ``reset`` clears the slot and starts a fresh
+    sampler from ``sampling`` first."""
+
+    slot: int
+    pos: int
+    feed: list[int]
+    sample: bool
+    max_new: int = 0
+    reset: bool = False
+    sampling: SamplingParams | None = None
+    ignore_eos: bool = False
+    decode: bool = False  # the feed is the lane's own last sampled token (already seen by its sampler)
+
+
+@attrs.define
+class TickPlan:
+    """For one engine call: per lane a prefill chunk or a decode grant, plus slots to release."""
+
+    lanes: list[LanePlan] = attrs.field(factory=list)
+    release: list[int] = attrs.field(factory=list)
+    prefill_budget: int = 0   # the budget this plan was cut from (for metrics)
+    decode_grant: int = 0     # decode rounds granted per decoding lane (for metrics)
+    target_s: float = 0.0     # the duration the planner sized this tick toward
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(lp.feed) for lp in self.lanes if not lp.decode)
+
+    def empty(self) -> bool:
+        return not self.lanes and not self.release
+
+
+@attrs.define
+class LaneResult:
+    slot: int
+    n_fed: int = 0                              # tokens appended to the KV this tick
+    n_prefill: int = 0                          # of those, prompt (not decode) tokens
+    tokens: list[int] = attrs.field(factory=list)  # tokens sampled this tick, in order
+    eog: bool = False                           # the last sampled token ends the generation
+
+
+@attrs.define
+class StepTiming:
+    """One engine step (one batched forward pass): how many prefill and decode tokens it held."""
+
+    prefill_tokens: int
+    decode_tokens: int
+    seconds: float
+
+
+@attrs.define
+class TickResult:
+    lanes: dict[int, LaneResult] = attrs.field(factory=dict)
+    steps: list[StepTiming] = attrs.field(factory=list)
+    stopped_early: bool = False
+    seconds: float = 0.0
+    kv_used: int = 0
+    kv_capacity: int = 0

@@ -1,0 +1,45 @@
+"""The aiohttp front end: builds the application and runs it on the configured address."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from .errors import json_errors
+from .info_routes import InfoRoutes
+from .openai_routes import OpenAIRoutes
+
+log = logging.getLogger("superfluid.http")
+
+MAX_BODY_BYTES = 64 << 20
+
+
+def build_app(daemon, config) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+    OpenAIRoutes(daemon, config).add_to(app)
+    InfoRoutes(daemon).add_to(app)
+    return app
+
+
+class HttpFrontend:
+    def __init__(self, daemon, config):
+        self.daemon = daemon
+        self.config = config
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = build_app(self.daemon, self.config)
+        # handler_cancellation: a client that disconnects cancels its handler, which cancels its lane.
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self.runner.setup()
+        host, port = self.config["host"], self.config["port"]
+        site = web.TCPSite(self.runner, host, port, backlog=1024)
+        await site.start()
+        port = self.runner.addresses[0][1] if self.runner.addresses else port
+        log.info("serving %s on http://%s:%s", ", ".join(self.daemon.models), host, port)
+        print(f"superfluid: serving {', '.join(self.daemon.models)} on http://{host}:{port}", flush=True)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()

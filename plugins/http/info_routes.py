@@ -1,0 +1,52 @@
+"""GET /v1/models, /health, /slots and /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from .metrics import METRICS
+
+
+class InfoRoutes:
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.started = int(time.time())
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/slots", self.slots)
+        app.router.add_get("/metrics", self.metrics)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = []
+        for name, rt in self.daemon.models.items():
+            caps = rt.engine.capabilities
+            data.append({"id": name, "object": "model", "created": self.started, "owned_by": "superfluid",
+                         "meta": {"engine": rt.config.engine, "path": rt.engine.info.path,
+                                  "context_length": caps.context_length, "max_batch": caps.max_lanes}})
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        models = {}
+        healthy = bool(self.daemon.models)
+        for name, rt in self.daemon.models.items():
+            desc = rt.engine.describe()
+            models[name] = {**desc, "lanes_busy": len(rt.scheduler.lanes), "queued": len(rt.scheduler.queue)}
+            healthy = healthy and desc.get("state", "ready") == "ready"
+        body = {"status": "ok" if healthy else "degraded", "models": models}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def slots(self, request: web.Request) -> web.Response:
+        wanted = request.query.get("model")
+        snaps = {name: rt.scheduler.snapshot() for name, rt in self.daemon.models.items()
+                 if wanted in (None, name)}
+        if wanted is not None and not snaps:
+            self.daemon.get(wanted)  # raises the 404 with the list of models
+        return web.json_response({"models": snaps})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=METRICS.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})

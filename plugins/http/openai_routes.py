@@ -1,0 +1,237 @@
+"""POST /v1/completions and /v1/chat/completions: validate, tokenize, submit, stream back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from aiohttp import web
+
+from superfluid.core import qos as qos_classes
+from superfluid.core.chat import render_chat
+from superfluid.core.errors import ContextLengthExceeded, InvalidRequest, SuperfluidError
+from superfluid.core.request import Request
+
+from . import params
+from .access_log import log_generation
+from .bridge import EventBridge
+from .errors import error_response, from_exception
+
+QOS_HEADER = "x-superfluid-qos"
+
+
+async def read_body(request: web.Request) -> dict:
+    raw = await request.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest("request body is not valid UTF-8", code="invalid_encoding") from None
+    if not text.strip():
+        raise InvalidRequest("request body is empty; send a JSON object", code="invalid_body")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def request_class(request: web.Request, config) -> str:
+    header = request.headers.get(QOS_HEADER)
+    if header is not None and config["http-qos-header"]:
+        return qos_classes.resolve(header)
+    return config["http-default-qos"]
+
+
+def _max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int) -> int:
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    value = params.integer(body, key, None, 1)
+    if value is None:
+        value = ctx - n_prompt if chat else 16
+    if n_prompt + value > ctx:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{n_prompt + value} tokens ({n_prompt} in the prompt, {value} in the completion). "
+            f"Please reduce the prompt or the completion length.", param=key)
+    return max(1, min(value, ctx - n_prompt))
+
+
+class OpenAIRoutes:
+    def __init__(self, daemon, config):
+        self.daemon = daemon
+        self.config = config
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    # ---- shared flow ------------------------------------------------------------------------
+
+    def _prepare(self, request: web.Request, body: dict, chat: bool):
+        params.check_fields(body, params.CHAT_FIELDS if chat else params.COMPLETION_FIELDS)
+        params.unsupported(body)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidRequest("model must be a string", param="model", code="invalid_type")
+        runtime = self.daemon.get(model)
+        engine = runtime.engine
+        info = engine.info
+        if chat:
+            if body.get("tools"):
+                raise InvalidRequest("tools are not supported yet", param="tools", code="unsupported_value")
+            messages = params.chat_messages(body)
+            text = render_chat(info.chat_template, messages, bos_token=info.bos_token,
+                               eos_token=info.eos_token, add_generation_prompt=True)
+            add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
+            tokens = engine.tokenize(text, add_special=add_bos, parse_special=True)
+        else:
+            if body.get("suffix") is not None:
+                raise InvalidRequest("suffix (fill-in-the-middle) is not supported yet", param="suffix",
+                                     code="unsupported_value")
+            tokens = params.completion_prompt(
+                body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
+            bad = [t for t in tokens if not 0 <= t < info.n_vocab]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{info.n_vocab - 1})",
+                                     param="prompt", code="invalid_value")
+        ctx = runtime.scheduler.settings.context_length
+        if len(tokens) >= ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has "
+                f"{len(tokens)} tokens.", param="messages" if chat else "prompt")
+        stream = params.boolean(body, "stream")
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage")) if stream else False
+        req_args = dict(prompt_tokens=tokens, max_tokens=_max_tokens(body, chat, len(tokens), ctx),
+                        sampling=params.sampling(body), stop=params.stop_strings(body),
+                        ignore_eos=params.boolean(body, "ignore_eos"),
+                        qos=request_class(request, self.config), meta={"chat": chat})
+        return runtime, req_args, stream, include_usage
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        arrived = time.monotonic()
+        body = await read_body(request)
+        runtime, req_args, stream, include_usage = self._prepare(request, body, chat)
+        bridge = EventBridge(asyncio.get_running_loop())
+        req = Request(sink=bridge, arrived=arrived, **req_args)
+        runtime.scheduler.submit(req)
+        shape = _Shape(chat=chat, model=runtime.name)
+        log_args = dict(model=runtime.name, qos=req.qos, prompt_tokens=len(req.prompt_tokens), arrived=arrived)
+        try:
+            if stream:
+                return await self._stream(request, bridge, shape, include_usage, log_args)
+            return await self._collect(request, bridge, shape, log_args)
+        except (ConnectionResetError, asyncio.CancelledError):
+            # The client went away: the lane is cancelled below and frees its KV at the next step.
+            log_generation(request, status=499, completion_tokens=0, timings={}, finish="disconnected",
+                           **log_args)
+            raise
+        finally:
+            if not bridge.done:
+                runtime.scheduler.cancel(req.id)
+
+    async def _collect(self, request, bridge: EventBridge, shape: "_Shape", log_args) -> web.Response:
+        text = []
+        async for event in bridge.events():
+            if event.kind == "delta":
+                text.append(event.text)
+            elif event.kind == "error":
+                log_generation(request, status=_status(event.error), completion_tokens=0,
+                               timings=event.timings, finish="error", **log_args)
+                return _error_response(event.error)
+            elif event.kind == "finished":
+                log_generation(request, status=200, completion_tokens=event.completion_tokens,
+                               timings=event.timings, finish=event.finish_reason, **log_args)
+                return web.json_response(shape.whole("".join(text), event))
+        raise AssertionError("event stream ended without a final event")
+
+    async def _stream(self, request, bridge: EventBridge, shape: "_Shape", include_usage: bool,
+                      log_args) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+        if shape.chat:
+            await _send(resp, shape.chunk(role=True))
+        async for event in bridge.events():
+            if event.kind == "delta":
+                await _send(resp, shape.chunk(text=event.text))
+            elif event.kind == "error":
+                log_generation(request, status=_status(event.error), completion_tokens=0,
+                               timings=event.timings, finish="error", **log_args)
+                await _send(resp, _error_body(event.error))
+                break
+            elif event.kind == "finished":
+                await _send(resp, shape.chunk(finish=event.finish_reason))
+                if include_usage:
+                    await _send(resp, shape.usage_chunk(event))
+                log_generation(request, status=200, completion_tokens=event.completion_tokens,
+                               timings=event.timings, finish=event.finish_reason, **log_args)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def _send(resp: web.StreamResponse, obj: dict) -> None:
+    await resp.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
+
+
+def _status(exc: BaseException | None) -> int:
+    return exc.status if isinstance(exc, SuperfluidError) else 500
+
+
+def _error_body(exc: BaseException | None) -> dict:
+    if isinstance(exc, SuperfluidError):
+        return exc.to_body()
+    return {"error": {"message": str(exc), "type": "server_error", "param": None, "code": None}}
+
+
+def _error_response(exc: BaseException | None) -> web.Response:
+    if isinstance(exc, SuperfluidError):
+        return from_exception(exc)
+    return error_response(500, f"generation failed: {exc}")
+
+
+class _Shape:
+    """Builds OpenAI response objects for one request (chat or text completion)."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat = chat
+        self.model = model
+        self.created = int(time.time())
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+    def _usage(self, event) -> dict:
+        return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
+                "total_tokens": event.prompt_tokens + event.completion_tokens}
+
+    def whole(self, text: str, event) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": event.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self._usage(event)}
+
+    def chunk(self, text: str = "", finish: str | None = None, role: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice]}
+
+    def usage_chunk(self, event) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [], "usage": self._usage(event)}

@@ -1,0 +1,172 @@
+"""Validation of OpenAI request bodies: unknown fields, wrong types and out-of-range values are
+400s that name the field, before anything reaches a scheduler."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from superfluid.core.errors import InvalidRequest
+from superfluid.core.request import SamplingParams
+
+_SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+             "frequency_penalty", "repeat_penalty", "repetition_penalty"}
+_COMMON = {"model", "max_tokens", "stream", "stream_options", "stop", "n", "user", "logit_bias",
+           "ignore_eos", "logprobs"} | _SAMPLING
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                         "tools", "tool_choice", "parallel_tool_calls", "service_tier", "store",
+                         "metadata", "stream_options", "reasoning_effort"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "suffix", "echo", "best_of"}
+
+
+def check_fields(body: Any, allowed: set[str]) -> dict:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_body")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}",
+                             param=unknown[0], code="unknown_parameter")
+    return body
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{key} must be a number", param=key, code="invalid_type")
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"{key} must be between {lo} and {hi}, got {value}", param=key,
+                             code="invalid_value")
+    return float(value)
+
+
+def integer(body: dict, key: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{key} must be an integer", param=key, code="invalid_type")
+    if value < lo or (hi is not None and value > hi):
+        span = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise InvalidRequest(f"{key} must be {span}, got {value}", param=key, code="invalid_value")
+    return value
+
+
+def boolean(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key} must be true or false", param=key, code="invalid_type")
+    return value
+
+
+def sampling(body: dict) -> SamplingParams:
+    repeat = body.get("repeat_penalty", body.get("repetition_penalty"))
+    seed = integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
+    return SamplingParams(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=integer(body, "top_k", 0, 0, 1 << 20),
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        seed=seed,
+        repeat_penalty=_number({"r": repeat}, "r", 1.0, 0.0, 10.0) if repeat is not None else 1.0,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0))
+
+
+def stop_strings(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest("stop must be a string or a list of strings", param="stop", code="invalid_type")
+    if len(stop) > 16:
+        raise InvalidRequest("stop may hold at most 16 strings", param="stop", code="invalid_value")
+    return tuple(s for s in stop if s)
+
+
+def unsupported(body: dict) -> None:
+    """Known OpenAI fields whose non-default values we do not serve: say so instead of ignoring."""
+    n = integer(body, "n", 1, 1)
+    if n != 1:
+        raise InvalidRequest("n > 1 is not supported; send separate requests", param="n",
+                             code="unsupported_value")
+    best_of = integer(body, "best_of", 1, 1)
+    if best_of != 1:
+        raise InvalidRequest("best_of > 1 is not supported", param="best_of", code="unsupported_value")
+    if body.get("logprobs") not in (None, False, 0):
+        raise InvalidRequest("logprobs are not supported yet", param="logprobs", code="unsupported_value")
+    if body.get("echo") not in (None, False):
+        raise InvalidRequest("echo is not supported", param="echo", code="unsupported_value")
+    if body.get("logit_bias") not in (None, {}):
+        raise InvalidRequest("logit_bias is not supported yet", param="logit_bias", code="unsupported_value")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise InvalidRequest("only response_format {\"type\": \"text\"} is supported",
+                             param="response_format", code="unsupported_value")
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+        raise InvalidRequest("stream_options may only hold include_usage", param="stream_options",
+                             code="invalid_value")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("messages is required", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list", param="messages", code="invalid_type")
+    out = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise InvalidRequest(f"{where} must be an object", param=where, code="invalid_type")
+        role = msg.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise InvalidRequest(f"{where}.role must be system, developer, user, assistant or tool",
+                                 param=f"{where}.role", code="invalid_value")
+        content = msg.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(f"{where}.content: only text parts are supported",
+                                         param=f"{where}.content", code="unsupported_value")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None and not (role == "assistant" and msg.get("tool_calls")):
+            raise InvalidRequest(f"{where}.content is required", param=f"{where}.content",
+                                 code="missing_required_parameter")
+        if content is not None and not isinstance(content, str):
+            raise InvalidRequest(f"{where}.content must be a string or a list of text parts",
+                                 param=f"{where}.content", code="invalid_type")
+        clean = {"role": "system" if role == "developer" else role, "content": content or ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if key in msg:
+                clean[key] = msg[key]
+        out.append(clean)
+    return out
+
+
+def completion_prompt(body: dict, tokenize) -> list[int]:
+    """Prompt tokens from a string, a list of token ids, or a one-element list of either."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise InvalidRequest("prompt is required", param="prompt", code="missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("prompt must not be empty", param="prompt", code="invalid_value")
+        return tokenize(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+        raise InvalidRequest("batched prompts are not supported; send one prompt per request",
+                             param="prompt", code="unsupported_value")
+    raise InvalidRequest("prompt must be a non-empty string or a list of token ids", param="prompt",
+                         code="invalid_type")

@@ -1,0 +1,159 @@
+"""Runs ticks on a llama.cpp context (inside the worker process).
+
+One tick is a loop of engine steps. Each step is one ``llama_decode`` of at most ``n_ubatch``
+tokens holding one token for every decoding lane plus prefill chunks, so prefill and decode of
+all lanes share forward passes. Between steps the shared stop flag is read: a cancelled lane or
+urgent newcomer ends the tick at the next step, and the prefill it did not reach is planned again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import llama_cpp
+
+from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
+
+from .sampling import build_sampler, free_sampler
+
+
+class _Work:
+    """A lane's remaining work within one tick."""
+
+    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding")
+
+    def __init__(self, lp: LanePlan, pos: int, accept: bool):
+        self.slot = lp.slot
+        self.feed = list(lp.feed)
+        self.sample = lp.sample
+        self.max_new = lp.max_new
+        self.ignore_eos = lp.ignore_eos
+        self.accept = accept
+        self.pos = pos
+        self.decoding = lp.decode
+        self.result = LaneResult(slot=lp.slot)
+
+
+class TickRunner:
+    def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int):
+        self.model = model
+        self.ctx = ctx
+        self.vocab = llama_cpp.llama_model_get_vocab(model)
+        self.mem = llama_cpp.llama_get_memory(ctx)
+        self.n_seq = n_seq
+        self.n_ubatch = n_ubatch
+        self.stop_flag = stop_flag
+        self.kv_capacity = kv_capacity
+        self.batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
+        self.samplers: dict[int, object] = {}
+        self.penalized: set[int] = set()
+
+    def close(self) -> None:
+        for chain in self.samplers.values():
+            free_sampler(chain)
+        self.samplers.clear()
+        llama_cpp.llama_batch_free(self.batch)
+
+    # ---- slots ---------------------------------------------------------------------------
+
+    def _clear(self, slot: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+        free_sampler(self.samplers.pop(slot, None))
+        self.penalized.discard(slot)
+
+    def kv_used(self) -> int:
+        used = 0
+        for seq in range(self.n_seq):
+            top = llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
+            if top >= 0:
+                used += top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1
+        return used
+
+    # ---- one tick ---------------------------------------------------------------------------
+
+    def run(self, plan: TickPlan) -> TickResult:
+        t_start = time.perf_counter()
+        for slot in plan.release:
+            self._clear(slot)
+        work: list[_Work] = []
+        for lp in plan.lanes:
+            if lp.reset:
+                self._clear(lp.slot)
+                self.samplers[lp.slot] = build_sampler(lp.sampling)
+                if lp.sampling.uses_penalties:
+                    self.penalized.add(lp.slot)
+            elif llama_cpp.llama_memory_seq_pos_max(self.mem, lp.slot) >= lp.pos:
+                llama_cpp.llama_memory_seq_rm(self.mem, lp.slot, lp.pos, -1)
+            accept = lp.slot in self.penalized and not lp.decode
+            work.append(_Work(lp, lp.pos, accept))
+
+        result = TickResult()
+        active = [w for w in work if w.feed]
+        while active:
+            if self.stop_flag.value:
+                result.stopped_early = True
+                break
+            step = self._step(active)
+            result.steps.append(step)
+            active = [w for w in active if w.feed]
+        for w in work:
+            result.lanes[w.slot] = w.result
+        result.seconds = time.perf_counter() - t_start
+        result.kv_used = self.kv_used()
+        result.kv_capacity = self.kv_capacity
+        return result
+
+    def _step(self, active: list[_Work]) -> StepTiming:
+        """One forward pass: a token for each decoding lane first, then prefill up to n_ubatch."""
+        batch = self.batch
+        room = self.n_ubatch
+        taken: list[tuple[_Work, int, int]] = []  # (work, first batch index, count)
+        n = 0
+        decode_tokens = 0
+        ordered = sorted(active, key=lambda w: len(w.feed) != 1)
+        for w in ordered:
+            if room <= 0:
+                break
+            count = min(len(w.feed), room)
+            last = count == len(w.feed) and w.sample
+            for i in range(count):
+                batch.token[n + i] = w.feed[i]
+                batch.pos[n + i] = w.pos + i
+                batch.n_seq_id[n + i] = 1
+                batch.seq_id[n + i][0] = w.slot
+                batch.logits[n + i] = False
+            if last:
+                batch.logits[n + count - 1] = True
+            taken.append((w, n, count))
+            if w.decoding:
+                decode_tokens += 1
+            n += count
+            room -= count
+        batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self.ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
+        for w, first, count in taken:
+            fed = w.feed[:count]
+            del w.feed[:count]
+            w.pos += count
+            w.result.n_fed += count
+            if not w.decoding:
+                w.result.n_prefill += count
+            smpl = self.samplers.get(w.slot)
+            if w.accept and smpl:
+                for t in fed:
+                    llama_cpp.llama_sampler_accept(smpl, t)
+            if w.feed or not w.sample:
+                continue
+            token = llama_cpp.llama_sampler_sample(smpl, self.ctx, first + count - 1)
+            w.result.tokens.append(token)
+            w.accept = False  # tokens it sampled itself are already accepted
+            w.decoding = True
+            if llama_cpp.llama_vocab_is_eog(self.vocab, token) and not w.ignore_eos:
+                w.result.eog = True
+            elif len(w.result.tokens) < w.max_new:
+                w.feed = [token]
+        seconds = time.perf_counter() - t0
+        return StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds)

@@ -1,0 +1,116 @@
+"""The llama.cpp worker process: loads the model and runs ticks sent over a pipe.
+
+Running the runtime in a process of its own means a crash or a kill takes only the worker: the
+daemon sees the pipe close, restarts it, and the lanes resume from their tokens."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import traceback
+
+import attrs
+
+
+@attrs.define(frozen=True)
+class WorkerSpec:
+    """Everything the worker needs to build its context (decided in the daemon)."""
+
+    path: str
+    max_lanes: int
+    max_context: int
+    threads: int
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    shared_pool_fraction: float = 0.6
+
+
+def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
+           free_bytes: int, fraction: float) -> tuple[int, int, bool]:
+    """(n_seq_max, n_ctx, kv_unified) for a context.
+
+    Plain attention gets a KV buffer of max-context cells per sequence, lanes + 2 sequences
+    (4..256), so a step attends only over its own sequence. Sliding-window and recurrent models
+    share one pool of lanes × max-context cells, capped at ``fraction`` of free memory."""
+    n_seq = min(max(n_lanes + 2, 4), 256)
+    if not shared_pool:
+        return n_seq, n_seq * max_context, False
+    cells = n_lanes * max_context
+    if bytes_per_cell > 0:
+        cells = min(cells, int(free_bytes * fraction) // bytes_per_cell)
+    return n_seq, max(cells, max_context), True
+
+
+def main(conn, stop_flag, spec: WorkerSpec) -> None:
+    """Worker entry point (spawned). Messages: ("tick", plan) → ("ok", result) | ("error", text);
+    ("close",) ends the process."""
+    import llama_cpp
+    import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
+    import psutil
+
+    from .runner import TickRunner
+
+    llama_cpp._logger.logger.setLevel(40)
+    llama_cpp.llama_backend_init()
+
+    last = [-1]
+
+    @llama_cpp.llama_progress_callback
+    def on_progress(progress: float, _user) -> bool:
+        pct = int(progress * 100)
+        if pct >= last[0] + 10 or pct == 100:
+            last[0] = pct
+            conn.send(("progress", pct))
+        return True
+
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.progress_callback = on_progress
+    model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
+    if not model:
+        conn.send(("error", f"cannot load model {spec.path}"))
+        return
+
+    shared = bool(llama_cpp.llama_model_n_swa(model) > 0 or llama_cpp.llama_model_is_recurrent(model)
+                  or llama_cpp.llama_model_is_hybrid(model))
+    n_layer = llama_cpp.llama_model_n_layer(model)
+    n_head = max(llama_cpp.llama_model_n_head(model), 1)
+    head_dim = llama_cpp.llama_model_n_embd(model) // n_head
+    bytes_per_cell = 2 * n_layer * llama_cpp.llama_model_n_head_kv(model) * head_dim * 2  # K+V, f16
+    n_seq, n_ctx, unified = layout(spec.max_lanes, spec.max_context, shared, bytes_per_cell,
+                                   psutil.virtual_memory().available, spec.shared_pool_fraction)
+
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = spec.n_batch
+    cparams.n_ubatch = spec.n_ubatch
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = unified
+    cparams.n_threads = spec.threads
+    cparams.n_threads_batch = spec.threads
+    cparams.no_perf = True
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))
+        return
+    n_ctx_real = llama_cpp.llama_n_ctx(ctx)
+    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag, n_ctx_real)
+    conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
+                         "kv_unified": unified, "shared_pool": shared,
+                         "bytes_per_cell": bytes_per_cell}))
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                break
+            if msg[0] == "tick":
+                try:
+                    conn.send(("ok", runner.run(msg[1])))
+                except Exception:
+                    conn.send(("error", traceback.format_exc()))
+            elif msg[0] == "close":
+                break
+    finally:
+        runner.close()
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)

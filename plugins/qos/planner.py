@@ -1,0 +1,102 @@
+"""Tick planning: how much prefill and how many decode rounds go into the next engine call.
+
+Sized from the measured cost model toward the spec's targets: short ticks while a lane is free
+or finishing (admission stays fast), longer ones while every lane is busy."""
+
+from __future__ import annotations
+
+import math
+
+from superfluid.core import qos
+from superfluid.core.lane import Lane
+from superfluid.core.tick import LanePlan, TickPlan
+
+PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
+PREFILL_CAP_BUSY_S = 8.0
+CHUNK = 512                     # whole chunks of this size ...
+SMALL_STEP = 128                # ... or steps of this size on a model too slow for one chunk
+ADAPTIVE_MIN, ADAPTIVE_MAX = 256, 4096
+URGENT = ("interactive", "completion")
+
+
+def tick_target_s(lanes: list[Lane], capabilities, settings, admitting: bool) -> float:
+    if admitting:
+        return capabilities.tick_target_free_ms / 1000.0
+    return min(settings.tick_target_ms, capabilities.tick_target_busy_cap_ms) / 1000.0
+
+
+def prefill_budget(costs, capabilities, settings, admitting: bool) -> int:
+    """Tokens of prefill this tick may hold: the configured (or adaptive) budget, capped by time."""
+    per_token = max(costs.prefill_per_token(), 1e-7)
+    if settings.prefill_budget:
+        budget = settings.prefill_budget
+    else:  # adaptive: a prefill tick lands near the busy tick target
+        target = min(settings.tick_target_ms, capabilities.tick_target_busy_cap_ms) / 1000.0
+        budget = int(min(max(target / per_token, ADAPTIVE_MIN), ADAPTIVE_MAX))
+    cap_s = PREFILL_CAP_ADMITTING_S if admitting else PREFILL_CAP_BUSY_S
+    cap_tokens = cap_s / per_token
+    if cap_tokens >= CHUNK:
+        cap_tokens = (int(cap_tokens) // CHUNK) * CHUNK
+    else:
+        cap_tokens = max(SMALL_STEP, (int(cap_tokens) // SMALL_STEP) * SMALL_STEP)
+    return max(1, min(budget, int(cap_tokens)))
+
+
+def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
+    """Starving lanes first, then by class, then shortest remaining prompt first."""
+    def key(lane: Lane):
+        starving = lane.waited_ticks >= settings.starvation_ticks
+        return (0 if starving else 1, qos.priority(lane.qos), lane.to_feed)
+    return sorted(lanes, key=key)
+
+
+def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, settings) -> TickPlan:
+    decoding = [l for l in lanes if not l.is_prefilling]
+    prefilling = [l for l in lanes if l.is_prefilling]
+    base_rounds = max(1, int(tick_target_s(lanes, capabilities, settings, False)
+                             / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
+    finishing = any(l.remaining_tokens <= base_rounds for l in decoding)
+    admitting = len(lanes) < settings.max_batch or finishing
+    target = tick_target_s(lanes, capabilities, settings, admitting)
+
+    plan = TickPlan(target_s=target)
+    budget = prefill_budget(costs, capabilities, settings, admitting)
+    plan.prefill_budget = budget
+    left = budget
+    chunks: list[tuple[Lane, int]] = []
+    for lane in prefill_order(prefilling, settings):
+        if left <= 0:
+            break
+        n = min(lane.to_feed, left)
+        chunks.append((lane, n))
+        left -= n
+    # A tick in which an urgent prompt finishes prefills nothing of a lower class beside it.
+    urgent_done = [qos.priority(l.qos) for l, n in chunks if n == l.to_feed and l.qos in URGENT]
+    if urgent_done:
+        floor = max(urgent_done)
+        chunks = [(l, n) for l, n in chunks if qos.priority(l.qos) <= floor]
+
+    prefill_total = sum(n for _, n in chunks)
+    steps = math.ceil(prefill_total / max(capabilities.prefill_step_tokens, 1)) if prefill_total else 0
+    rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)), steps)
+    if settings.tick_decode_budget and decoding:
+        rounds = max(1, min(rounds, settings.tick_decode_budget // len(decoding)))
+    plan.decode_grant = rounds
+
+    ctx = settings.context_length
+    for lane, n in chunks:
+        sample = n == lane.to_feed
+        grant = min(rounds, lane.remaining_tokens, ctx - len(lane.tokens)) if sample else 0
+        plan.lanes.append(_lane_plan(lane, n, sample, max(grant, 1) if sample else 0, decode=False))
+    for lane in decoding:
+        grant = max(1, min(rounds, lane.remaining_tokens, ctx - len(lane.tokens)))
+        plan.lanes.append(_lane_plan(lane, 1, True, grant, decode=True))
+    return plan
+
+
+def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> LanePlan:
+    req = lane.request
+    return LanePlan(slot=lane.slot, pos=lane.n_cached, feed=lane.tokens[lane.n_cached:lane.n_cached + n],
+                    sample=sample, max_new=max_new, reset=lane.needs_reset,
+                    sampling=req.sampling if lane.needs_reset else None,
+                    ignore_eos=req.ignore_eos, decode=decode and not lane.needs_reset)

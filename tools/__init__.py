@@ -1,0 +1,1 @@
+"""Outside clients of superfluid: they speak its HTTP API like any user would."""

@@ -1,0 +1,5 @@
+"""Entry point for ``python -m tools.bench``."""
+
+from tools.bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Command line: parse targets and settings, run, print tables, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from tools.bench import method, report
+from tools.bench.runner import Settings, Target, run
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench",
+        description="Throughput and TTFT of OpenAI-compatible servers, measured the way "
+                    "spec/benchmarks.md says ('How to measure').",
+    )
+    p.add_argument("--target", action="append", required=True, metavar="NAME=BASE_URL",
+                   help="a server to measure; repeat to compare (the first is the ratio's "
+                        "numerator); rounds interleave across targets")
+    p.add_argument("--concurrency", default="1,2,4,8", metavar="N,N,...",
+                   help="concurrent requests per round (default 1,2,4,8)")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds; the median is reported (default 3)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="rounds discarded first at each concurrency (default 1)")
+    p.add_argument("--max-tokens", type=int, default=256, help="reply length, with ignore_eos (default 256)")
+    p.add_argument("--sampled", action="store_true",
+                   help="temperature 0.7, top-p 0.8, top-k 20 instead of greedy")
+    p.add_argument("--model", help="model field for every request (default: first id of GET /v1/models)")
+    p.add_argument("--ttft-max-tokens", type=int, default=32,
+                   help="reply length of the TTFT chat streams (default 32)")
+    p.add_argument("--skip-ttft", action="store_true", help="throughput only")
+    p.add_argument("--skip-throughput", action="store_true", help="TTFT only")
+    p.add_argument("--same-prompts", action="store_true",
+                   help="reuse the same prompts every round (default: a fresh tag per round, "
+                        "so no prefix cache answers)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to connect (default 10)")
+    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--json", metavar="PATH", help="write all rounds and medians as JSON")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        pairs = [method.parse_target(t) for t in args.target]
+        concurrencies = method.parse_concurrencies(args.concurrency)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        print("error: target names must be distinct", file=sys.stderr)
+        return 2
+    if args.rounds < 1 or args.warmup < 0 or args.max_tokens < 1 or args.ttft_max_tokens < 1:
+        print("error: --rounds and --max-tokens must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    if args.skip_ttft and args.skip_throughput:
+        print("error: nothing to run", file=sys.stderr)
+        return 2
+    settings = Settings(
+        concurrencies=concurrencies, rounds=args.rounds, warmup=args.warmup,
+        max_tokens=args.max_tokens, ttft_max_tokens=args.ttft_max_tokens,
+        sampled=args.sampled, fresh_prompts=not args.same_prompts,
+        request_timeout=args.timeout, connect_timeout=args.connect_timeout,
+        api_key=args.api_key, throughput=not args.skip_throughput, ttft=not args.skip_ttft,
+    )
+    targets = [Target(n, u, args.model) for n, u in pairs]
+    progress = (lambda _line: None) if args.quiet else None
+    results = asyncio.run(run(targets, settings, progress) if progress else run(targets, settings))
+    print(report.markdown(results))
+    if args.json:
+        report.write_json(results, args.json)
+    return 1 if results.error else 0

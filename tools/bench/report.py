@@ -1,0 +1,67 @@
+"""Markdown tables of the results (rows targets, columns concurrencies) and the JSON file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from tools.bench import method
+from tools.bench.runner import Results
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(header: str, cols: list[int], rows: list[tuple[str, list[str]]]) -> list[str]:
+    lines = [f"| {header} | " + " | ".join(str(c) for c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return lines
+
+
+def _grid(res: Results, cell: Callable[[str, int], float | None]) -> dict[str, list[float | None]]:
+    cs = res.settings.concurrencies
+    return {t.name: [cell(t.name, c) for c in cs] for t in res.targets}
+
+
+def markdown(res: Results) -> str:
+    s = res.settings
+    cs = s.concurrencies
+    mode = "sampled (temperature 0.7, top-p 0.8, top-k 20)" if s.sampled else "greedy (temperature 0)"
+    prompts = "fresh prompts each round" if s.fresh_prompts else "same prompts every round"
+    out: list[str] = []
+    first = res.targets[0].name if res.targets else None
+    if s.throughput and res.targets:
+        grid = _grid(res, res.throughput_cell)
+        out.append(f"Throughput, aggregate tok/s: {mode}, {s.max_tokens}-token replies, "
+                   f"median of {s.rounds} rounds after {s.warmup} warm-up, {prompts}")
+        out.append("")
+        rows = [(n, [_fmt(v, ".1f") for v in vals]) for n, vals in grid.items()]
+        for t in res.targets[1:]:
+            ratios = [method.ratio(a, b) for a, b in zip(grid[first], grid[t.name])]
+            rows.append((f"{first} / {t.name}",
+                         ["-" if r is None else f"{r:.2f}x" for r in ratios]))
+        out += _table("target", cs, rows)
+        short = sum(r.short for r in res.throughput_rounds)
+        if short:
+            out.append("")
+            out.append(f"Warning: {short} replies were shorter than max_tokens "
+                       f"(a server ignored ignore_eos); those rounds did less work.")
+        out.append("")
+    if s.ttft and res.targets:
+        grid = _grid(res, res.ttft_cell)
+        out.append(f"Chat streams, median time to first content delta (s): {mode}, "
+                   f"{s.ttft_max_tokens}-token replies, {s.rounds} rounds after {s.warmup} warm-up")
+        out.append("")
+        out += _table("target", cs, [(n, [_fmt(v, ".3f") for v in vals]) for n, vals in grid.items()])
+        out.append("")
+    if res.error:
+        out.append(f"Stopped early: {res.error}")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_json(res: Results, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(res.to_json(), indent=2) + "\n")

@@ -1,0 +1,227 @@
+"""Runs the schedule: one round of N concurrent requests at a time, against each
+target in turn, and keeps every round's raw numbers.
+
+Rounds never overlap, so one target's round never loads the machine while another's
+is being timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import aiohttp
+
+from tools.bench import client, method, prompts
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    base: str
+    model: str | None = None
+
+
+@dataclass
+class Settings:
+    concurrencies: list[int]
+    rounds: int = 3
+    warmup: int = 1
+    max_tokens: int = 256
+    ttft_max_tokens: int = 32
+    sampled: bool = False
+    fresh_prompts: bool = True
+    request_timeout: float = 600.0
+    connect_timeout: float = 10.0
+    api_key: str | None = None
+    throughput: bool = True
+    ttft: bool = True
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        return dict(client.SAMPLED if self.sampled else client.GREEDY)
+
+
+@dataclass
+class ThroughputRound:
+    target: str
+    concurrency: int
+    round: int
+    warmup: bool
+    completion_tokens: list[int]
+    wall_s: float
+    tok_s: float
+    short: int  # replies with fewer than max_tokens tokens (ignore_eos not honoured)
+
+
+@dataclass
+class TtftRound:
+    target: str
+    concurrency: int
+    round: int
+    warmup: bool
+    ttft_s: list[float | None]
+    wall_s: float
+
+
+@dataclass
+class Results:
+    targets: list[Target]
+    settings: Settings
+    throughput_rounds: list[ThroughputRound] = field(default_factory=list)
+    ttft_rounds: list[TtftRound] = field(default_factory=list)
+    error: str | None = None
+
+    def throughput_cell(self, target: str, concurrency: int) -> float | None:
+        """Median tok/s over the measured (non-warm-up) rounds."""
+        return method.median(
+            [r.tok_s for r in self.throughput_rounds
+             if r.target == target and r.concurrency == concurrency and not r.warmup]
+        )
+
+    def ttft_cell(self, target: str, concurrency: int) -> float | None:
+        """Median first-token time over every stream of the measured rounds."""
+        return method.median(
+            [t for r in self.ttft_rounds
+             if r.target == target and r.concurrency == concurrency and not r.warmup
+             for t in r.ttft_s if t is not None]
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        names = [t.name for t in self.targets]
+        cs = self.settings.concurrencies
+        return {
+            "settings": asdict(self.settings) | {"sampling": self.settings.sampling, "api_key": None},
+            "targets": [asdict(t) for t in self.targets],
+            "throughput_tok_s": {n: {str(c): self.throughput_cell(n, c) for c in cs} for n in names},
+            "ttft_s": {n: {str(c): self.ttft_cell(n, c) for c in cs} for n in names},
+            "throughput_rounds": [asdict(r) for r in self.throughput_rounds],
+            "ttft_rounds": [asdict(r) for r in self.ttft_rounds],
+            "error": self.error,
+        }
+
+
+async def _all(coros) -> list:
+    """Run the requests of one round together; if one fails, cancel the rest."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _tag(kind: str, step: method.Step, fresh: bool) -> str | None:
+    # Same tag for every target at one step, so they all get the same prompts.
+    return f"{kind}{step.concurrency}r{step.round}" if fresh else None
+
+
+async def throughput_round(
+    session: aiohttp.ClientSession, target: Target, step: method.Step, s: Settings
+) -> ThroughputRound:
+    """N concurrent fixed-length completions with N distinct prompts."""
+    batch = prompts.completion_prompts(step.concurrency, _tag("t", step, s.fresh_prompts))
+    sampling = s.sampling
+    first_send = time.perf_counter()
+    done = await _all(
+        client.complete(session, target.base, target.model or "", p, s.max_tokens,
+                        sampling, s.request_timeout)
+        for p in batch
+    )
+    last_response = max(d.done for d in done)
+    tokens = [d.completion_tokens for d in done]
+    return ThroughputRound(
+        target=target.name, concurrency=step.concurrency, round=step.round,
+        warmup=step.warmup, completion_tokens=tokens,
+        wall_s=last_response - first_send,
+        tok_s=method.throughput(tokens, first_send, last_response),
+        short=sum(1 for t in tokens if t < s.max_tokens),
+    )
+
+
+async def ttft_round(
+    session: aiohttp.ClientSession, target: Target, step: method.Step, s: Settings
+) -> TtftRound:
+    """N concurrent chat streams, each timed to its first content delta."""
+    texts = prompts.user_texts(step.concurrency, _tag("s", step, s.fresh_prompts))
+    sampling = s.sampling
+    start = time.perf_counter()
+    done = await _all(
+        client.stream_ttft(session, target.base, target.model or "", t, s.ttft_max_tokens,
+                           sampling, s.request_timeout)
+        for t in texts
+    )
+    return TtftRound(
+        target=target.name, concurrency=step.concurrency, round=step.round,
+        warmup=step.warmup, ttft_s=[d.ttft for d in done],
+        wall_s=max(d.done for d in done) - start,
+    )
+
+
+def _session(s: Settings) -> aiohttp.ClientSession:
+    limit = max(s.concurrencies)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=limit),
+        headers=client.headers(s.api_key),
+        timeout=aiohttp.ClientTimeout(total=s.request_timeout, sock_connect=s.connect_timeout),
+    )
+
+
+Progress = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def run(targets: Sequence[Target], s: Settings, progress: Progress = _stderr) -> Results:
+    """Resolve models, then run the throughput and the TTFT schedules.
+
+    A failed request stops the run; what was measured so far is kept and the
+    error is recorded in the results.
+    """
+    sessions = {t.name: _session(s) for t in targets}
+    resolved: list[Target] = []
+    results = Results(targets=resolved, settings=s)
+    try:
+        for t in targets:
+            model = t.model or await client.first_model(
+                sessions[t.name], t.base, s.connect_timeout + 20.0)
+            resolved.append(Target(t.name, t.base, model))
+            progress(f"{t.name}: {t.base} model={model}")
+        by_name = {t.name: t for t in resolved}
+        names = [t.name for t in resolved]
+        phases = []
+        if s.throughput:
+            phases.append(("throughput", throughput_round, results.throughput_rounds))
+        if s.ttft:
+            phases.append(("ttft", ttft_round, results.ttft_rounds))
+        for phase, fn, sink in phases:
+            for step in method.schedule(names, s.concurrencies, s.rounds, s.warmup):
+                rec = await fn(sessions[step.target], by_name[step.target], step, s)
+                sink.append(rec)
+                progress(_describe(phase, rec))
+    except (client.BenchError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+        results.error = f"{type(e).__name__}: {e}"
+        progress(f"error: {results.error}")
+    finally:
+        for sess in sessions.values():
+            await sess.close()
+    return results
+
+
+def _describe(phase: str, rec: ThroughputRound | TtftRound) -> str:
+    kind = "warm-up" if rec.warmup else "round"
+    head = f"{phase} c={rec.concurrency} {kind} {rec.round} {rec.target}:"
+    if isinstance(rec, ThroughputRound):
+        extra = f" ({rec.short} short replies)" if rec.short else ""
+        return (f"{head} {sum(rec.completion_tokens)} tok in {rec.wall_s:.2f} s = "
+                f"{rec.tok_s:.1f} tok/s{extra}")
+    got = [t for t in rec.ttft_s if t is not None]
+    med = method.median(got)
+    return f"{head} median ttft {med:.3f} s" if med is not None else f"{head} no content"
