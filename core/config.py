@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import attrs
 
-from .errors import ConfigError
+from .errors import ConfigError, SuperfluidError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,11 +122,13 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
 
 
 def _coerce(option: Option, value: Any, where: str) -> Any:
-    if option.parse is not None and isinstance(value, str):
+    if option.parse is not None:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ConfigError(f"{where}: {option.name} must be a string, got {value!r}")
         try:
-            value = option.parse(value)
-        except (ValueError, ConfigError) as exc:
-            raise ConfigError(f"{where}: {option.name}: {exc}") from None
+            value = option.parse(str(value))
+        except (ValueError, ConfigError, SuperfluidError) as exc:
+            raise ConfigError(f"{where}: {option.name}: {getattr(exc, 'message', exc)}") from None
     elif option.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     ok = isinstance(value, option.type) and not (option.type is int and isinstance(value, bool))
@@ -158,6 +160,8 @@ def read_toml(path: str) -> dict:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 

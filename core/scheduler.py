@@ -72,6 +72,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._aborted = False
         self.ticks = 0
         self.last_plan = TickPlan()
         self.kv = (0, 0)
@@ -139,15 +140,22 @@ class Scheduler:
         self._thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop admitting; let running lanes finish for up to ``timeout`` s, then fail them."""
         with self._cv:
             self._closed = True
             for lane in list(self.queue):
                 self._fail(lane, ServiceUnavailable(f"model {self.name!r} is shutting down"))
             self.queue.clear()
             self._cv.notify_all()
-        self.engine.request_stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cv:
+                self._aborted = True
+                self._cv.notify_all()
+            self.engine.request_stop()
+            self._thread.join(10)
 
     def busy(self) -> bool:
         with self._cv:
@@ -163,7 +171,12 @@ class Scheduler:
                 if self._closed and not self.lanes:
                     break
                 self.engine.clear_stop()
-                plan = self._plan()
+                try:
+                    plan = self._plan()
+                except Exception as exc:  # a policy hook failed: fail what it touched, keep the thread
+                    log.exception("model %s: planning failed", self.name)
+                    self._policy_failed(exc)
+                    continue
             try:
                 result = self.engine.run_tick(plan)
             except Exception as exc:  # the engine failed: fail its lanes, keep serving others
@@ -180,7 +193,10 @@ class Scheduler:
         now = time.monotonic()
         for lane in [l for l in self.lanes if l.cancel_requested]:
             self._finish(lane, "cancelled", LaneState.CANCELLED)
-        if not self._closed:
+        if self._aborted:
+            for lane in list(self.lanes):
+                self._fail(lane, ServiceUnavailable(f"model {self.name!r} is shutting down"))
+        elif not self._closed:
             self._admit(now)
         for lane in self.queue:
             lane.waited_ticks += 1
@@ -191,6 +207,10 @@ class Scheduler:
                 capabilities=self.engine.capabilities, settings=self.settings, now=now)
             if plan is None:
                 raise RuntimeError("no plugin implements superfluid_plan_tick (is the qos plugin installed?)")
+        planned = {lp.slot for lp in plan.lanes}
+        for lane in self.lanes:  # admitted lanes left without prefill age toward starvation too
+            if lane.is_prefilling:
+                lane.waited_ticks = 0 if lane.slot in planned else lane.waited_ticks + 1
         plan.release.extend(self._release)
         self._release.clear()
         self.last_plan = plan
@@ -205,6 +225,7 @@ class Scheduler:
             self.queue.remove(lane)
             lane.slot = self._free_slots.pop()
             lane.state = LaneState.PREFILLING
+            lane.waited_ticks = 0
             lane.needs_reset = True
             if lane.admitted_at is None:
                 lane.admitted_at = now
@@ -258,6 +279,7 @@ class Scheduler:
             lane.first_token_at = now
             first_tokens.append((lane.qos, now - lane.admitted_at))
         text = []
+        used = []
         reason = None
         for i, token in enumerate(tokens):
             lane.tokens.append(token)
@@ -265,6 +287,7 @@ class Scheduler:
                 reason = "stop"
                 break
             lane.n_output += 1
+            used.append(token)
             text.append(lane.text.push(token))
             if lane.text.stopped:
                 reason = "stop"
@@ -273,8 +296,8 @@ class Scheduler:
                 reason = "length"
                 break
         delta = "".join(text)
-        if delta:
-            self._emit(lane, LaneEvent("delta", lane.id, text=delta, token_ids=tuple(tokens)))
+        if delta or used:
+            self._emit(lane, LaneEvent("delta", lane.id, text=delta, token_ids=tuple(used)))
         if reason is not None:
             self._finish(lane, reason, LaneState.FINISHED)
             return True
@@ -308,6 +331,13 @@ class Scheduler:
             self._free_slots.append(lane.slot)
             self._release.append(lane.slot)
             lane.slot = None
+
+    def _policy_failed(self, exc: Exception) -> None:
+        error = EngineFailure(f"scheduling policy failed: {exc}")
+        for lane in list(self.lanes) + list(self.queue):
+            if lane in self.queue:
+                self.queue.remove(lane)
+            self._fail(lane, error)
 
     def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
         error = exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}")

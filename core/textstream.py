@@ -27,7 +27,7 @@ class TextStream:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """The generation ended: release what is held back (minus any unfinished character)."""
+        """The generation ended: release what is held back (an unfinished character becomes U+FFFD)."""
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(b"", final=True)

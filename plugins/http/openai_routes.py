@@ -160,7 +160,8 @@ class OpenAIRoutes:
             await _send(resp, shape.chunk(role=True))
         async for event in bridge.events():
             if event.kind == "delta":
-                await _send(resp, shape.chunk(text=event.text))
+                if event.text:
+                    await _send(resp, shape.chunk(text=event.text))
             elif event.kind == "error":
                 log_generation(request, status=_status(event.error), completion_tokens=0,
                                timings=event.timings, finish="error", **log_args)

@@ -52,8 +52,16 @@ class Vocab:
             fim_prefix=tok(llama_cpp.llama_vocab_fim_pre(v)),
             fim_suffix=tok(llama_cpp.llama_vocab_fim_suf(v)),
             fim_middle=tok(llama_cpp.llama_vocab_fim_mid(v)),
-            n_vocab=self.n_vocab,
-            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model))
+            n_vocab=self.n_vocab, n_ctx_train=self._context_length())
+
+    def _context_length(self) -> int:
+        """Training context from metadata (a vocab-only load reports 0 through the API)."""
+        arch = self._meta("general.architecture") or ""
+        value = self._meta(f"{arch}.context_length") or "0"
+        try:
+            return int(value)
+        except ValueError:
+            return 0
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")

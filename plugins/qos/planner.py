@@ -79,6 +79,9 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     prefill_total = sum(n for _, n in chunks)
     steps = math.ceil(prefill_total / max(capabilities.prefill_step_tokens, 1)) if prefill_total else 0
     rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)), steps)
+    if any(n == l.to_feed and l.first_token_at is None for l, n in chunks):
+        # A first token is due: end the tick right after it so it reaches the client now.
+        rounds = max(1, steps)
     if settings.tick_decode_budget and decoding:
         rounds = max(1, min(rounds, settings.tick_decode_budget // len(decoding)))
     plan.decode_grant = rounds

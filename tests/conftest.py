@@ -1,0 +1,48 @@
+"""Shared fixtures: the real default model and real servers on loopback ports."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from superfluid.core.default_model import default_model_path
+
+from .serverproc import ServerProcess
+
+# Small enough for CI's two cores, big enough for every test prompt.
+TEST_CONTEXT = "2048"
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory, model_path):
+    """Factory: start_server(*flags) → a running ServerProcess, stopped at the end of the session."""
+    started: list[ServerProcess] = []
+
+    def start(*flags: str) -> ServerProcess:
+        args = ["--model", model_path, "--model-name", "smollm2", "--max-context", TEST_CONTEXT, *flags]
+        log = tmp_path_factory.mktemp("server") / "server.log"
+        srv = ServerProcess(args, log)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(start_server) -> ServerProcess:
+    """One shared server with 8 lanes, for the API tests."""
+    return start_server("--max-batch", "8")
+
+
+@pytest.fixture
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", timeout=120, max_retries=0)

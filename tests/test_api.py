@@ -1,0 +1,105 @@
+"""The OpenAI API against the real server and the real SmolLM2 model, through the openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+CHATML = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_chat_completion(client):
+    r = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=24,
+                                       messages=[{"role": "user", "content": "Say hello to me."}])
+    choice = r.choices[0]
+    assert r.object == "chat.completion"
+    assert choice.message.role == "assistant"
+    assert choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10
+    assert 0 < r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_matches_whole(client):
+    messages = [{"role": "user", "content": "Name three colors."}]
+    whole = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=30, messages=messages)
+    stream = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=30, messages=messages,
+                                            stream=True, stream_options={"include_usage": True})
+    parts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_completion_length_and_usage(client):
+    r = client.completions.create(model="smollm2", prompt=[1, 4093, 198, 19161], max_tokens=12,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == 4
+    assert r.usage.completion_tokens == 12
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].text
+
+
+def test_completion_stream(client):
+    chunks = list(client.completions.create(model="smollm2", prompt="The capital of France is",
+                                            max_tokens=8, temperature=0, stream=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_stop_sequence(client):
+    prompt = CHATML.format(q="Describe the sea in two sentences.")
+    full = client.completions.create(model="smollm2", prompt=prompt, max_tokens=40, temperature=0)
+    text = full.choices[0].text
+    words = text.split()
+    assert len(words) > 6
+    stop = " " + words[5]  # a stop string from the middle of the reply, spanning tokens maybe
+    cut = client.completions.create(model="smollm2", prompt=prompt, max_tokens=40, temperature=0,
+                                    stop=["never-appears", stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.usage.completion_tokens < full.usage.completion_tokens
+
+
+def test_eight_concurrent_requests(client):
+    questions = ["Explain recursion.", "What is a linked list?", "Describe TCP.", "What is Rust?",
+                 "Explain a hash map.", "What is a mutex?", "Describe HTTP caching.", "What is a GPU?"]
+
+    def one(q):
+        return client.completions.create(model="smollm2", prompt=CHATML.format(q=q), max_tokens=32,
+                                         temperature=0, extra_body={"ignore_eos": True})
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, questions))
+    assert len(results) == 8
+    for r in results:
+        assert r.usage.completion_tokens == 32
+        assert r.choices[0].finish_reason == "length"
+        assert r.choices[0].text.strip()
+
+
+def test_models_health_slots_metrics(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["smollm2"]
+    health = server.get_json("/health")
+    assert health["status"] == "ok"
+    assert health["models"]["smollm2"]["worker_pid"] > 0
+    slots = server.get_json("/slots")["models"]["smollm2"]["slots"]
+    assert len(slots) == 8
+    client.completions.create(model="smollm2", prompt="Hello", max_tokens=4, temperature=0)
+    m = server.metrics()
+    assert m['superfluid_prefill_budget_tokens{model="smollm2"}'] > 0
+    assert m['superfluid_decode_grant_tokens{model="smollm2"}'] >= 1
+    assert m['superfluid_generated_tokens_total{model="smollm2"}'] >= 4
+    assert m['superfluid_prompt_tokens_total{model="smollm2"}'] > 0
+    assert any(k.startswith("superfluid_ttft_seconds_count") and v > 0 for k, v in m.items())
+    assert 'superfluid_lanes_busy{model="smollm2"}' in m
+    assert 'superfluid_queue_depth{model="smollm2",qos="agent"}' in m
