@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 
 import llama_cpp
+import llama_cpp._logger  # routes llama.cpp's log through Python logging
 
 from superfluid.core.engine import ModelInfo
 from superfluid.core.errors import ConfigError
@@ -16,6 +18,8 @@ from superfluid.core.errors import ConfigError
 
 class Vocab:
     def __init__(self, path: str, name: str):
+        # llama.cpp's loader prints every metadata key; keep the daemon's terminal readable.
+        llama_cpp._logger.logger.setLevel(logging.ERROR)
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
         self._model = llama_cpp.llama_model_load_from_file(path.encode(), params)
