@@ -118,11 +118,14 @@ def core_options() -> list[Option]:
     ]
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list"}
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+               dict: "a table"}
 
 
 def _coerce(option: Option, value: Any, where: str) -> Any:
     if option.parse is not None:
+        if isinstance(value, dict) and option.type is dict:  # a TOML table: {background = 2}
+            value = ",".join(f"{k}={v}" for k, v in value.items())
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise ConfigError(f"{where}: {option.name} must be a string, got {value!r}")
         try:

@@ -38,6 +38,7 @@ class ModelInfo:
     chat_template: str | None = None
     bos_token: str = ""
     eos_token: str = ""
+    bos_id: int | None = None
     add_bos: bool = False
     fim_prefix: int | None = None
     fim_suffix: int | None = None

@@ -49,6 +49,14 @@ class ServiceUnavailable(SuperfluidError):
     code = "service_unavailable"
 
 
+class DeadlineExceeded(SuperfluidError):
+    """A request with a start deadline was not admitted in time."""
+
+    status = 503
+    type = "server_error"
+    code = "start_deadline_exceeded"
+
+
 class EngineFailure(SuperfluidError):
     """The engine (or its worker process) failed while running a request."""
 

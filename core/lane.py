@@ -46,6 +46,10 @@ class Lane:
     n_prefilled: int = 0   # prompt tokens the engine actually prefilled for this lane
     n_output: int = 0      # generated tokens that count toward usage (EOS excluded)
     needs_reset: bool = True  # the engine must clear the slot and start a fresh sampler
+    parked: str | None = None  # key of this lane's KV parked in the engine's host memory
+    parked_tokens: int = 0     # how many of ``tokens`` that parked KV holds
+    restore: str | None = None  # park key to restore into the slot at the next reset
+    preemptions: int = 0
 
     def __attrs_post_init__(self):
         self.tokens = list(self.request.prompt_tokens)
@@ -76,6 +80,11 @@ class Lane:
     def remaining_tokens(self) -> int:
         """How many more tokens this lane may generate."""
         return self.request.max_tokens - self.n_generated
+
+    @property
+    def pinned(self) -> bool:
+        """Never preempted: it must tick alone, or it holds media."""
+        return self.request.batch_invariant or self.request.media
 
     @property
     def active(self) -> bool:

@@ -9,6 +9,7 @@ from .errors import InvalidRequest
 
 CLASSES = ("interactive", "completion", "agent", "background")
 DEFAULT_CLASS = "agent"
+URGENT = ("interactive", "completion")  # classes that may preempt and end a running tick early
 
 ALIASES = {
     "interactive": "interactive", "interactive-chat": "interactive", "0": "interactive",

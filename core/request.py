@@ -55,6 +55,8 @@ class Request:
     ignore_eos: bool = False
     qos: str = "agent"
     batch_invariant: bool = False
+    media: bool = False  # bound media (images, audio): never preempted
+    start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
     id: str = attrs.field(factory=new_request_id)
     arrived: float = attrs.field(factory=time.monotonic)
     meta: dict = attrs.field(factory=dict)

@@ -14,7 +14,8 @@ import attrs
 
 from .costs import CostModel
 from .engine import Engine
-from .errors import ContextLengthExceeded, EngineFailure, ServiceUnavailable, SuperfluidError
+from .errors import (ContextLengthExceeded, DeadlineExceeded, EngineFailure, ServiceUnavailable,
+                     SuperfluidError)
 from .lane import Lane, LaneEvent, LaneState
 from .request import Request
 from .textstream import TextStream
@@ -56,6 +57,9 @@ class TickStats:
     finished: list[Lane]
     queue_by_class: dict[str, int]
     lanes_by_class: dict[str, int]
+    preempted: int = 0     # lanes preempted while planning this tick
+    promoted: int = 0      # lanes admitted after waiting the starvation bound
+    parked_bytes: int = 0  # KV bytes the engine holds parked in host memory
 
 
 class Scheduler:
@@ -69,6 +73,11 @@ class Scheduler:
         self.lanes: list[Lane] = []
         self._free_slots = list(range(settings.max_batch - 1, -1, -1))
         self._release: list[int] = []
+        self._park: list[tuple[int, str]] = []
+        self._drop_parked: list[str] = []
+        self._parked: dict[str, Lane] = {}
+        self._preempted = 0
+        self._promoted = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -177,6 +186,9 @@ class Scheduler:
                     log.exception("model %s: planning failed", self.name)
                     self._policy_failed(exc)
                     continue
+                if plan.empty():  # nothing runnable now (e.g. every queued class at its cap)
+                    self._cv.wait(0.05)
+                    continue
             try:
                 result = self.engine.run_tick(plan)
             except Exception as exc:  # the engine failed: fail its lanes, keep serving others
@@ -211,26 +223,87 @@ class Scheduler:
         for lane in self.lanes:  # admitted lanes left without prefill age toward starvation too
             if lane.is_prefilling:
                 lane.waited_ticks = 0 if lane.slot in planned else lane.waited_ticks + 1
+        plan.park.extend(self._park)
+        plan.drop_parked.extend(self._drop_parked)
         plan.release.extend(self._release)
+        self._park.clear()
+        self._drop_parked.clear()
         self._release.clear()
         self.last_plan = plan
         return plan
 
     def _admit(self, now: float) -> None:
-        while self._free_slots and self.queue:
+        """Fill free lanes in policy order; with none free, let the policy preempt for a queued lane."""
+        self._expire(now)
+        while self.queue:
             lane = self.hook.superfluid_pick_next(queue=list(self.queue), lanes=list(self.lanes),
                                                   now=now, settings=self.settings)
             if lane is None:
                 return
-            self.queue.remove(lane)
-            lane.slot = self._free_slots.pop()
-            lane.state = LaneState.PREFILLING
-            lane.waited_ticks = 0
-            lane.needs_reset = True
-            if lane.admitted_at is None:
-                lane.admitted_at = now
-            self.lanes.append(lane)
+            if not self._free_slots:
+                victim = self.hook.superfluid_choose_victim(lane=lane, lanes=list(self.lanes),
+                                                            settings=self.settings)
+                if victim is None or victim not in self.lanes or victim.pinned:
+                    return
+                self._preempt(victim)
+            self._bind(lane, now)
+
+    def _bind(self, lane: Lane, now: float) -> None:
+        self.queue.remove(lane)
+        lane.slot = self._free_slots.pop()
+        lane.state = LaneState.PREFILLING
+        lane.needs_reset = True
+        if lane.waited_ticks >= self.settings.starvation_ticks:
+            self._promoted += 1
+        lane.waited_ticks = 0
+        if lane.parked is not None:  # resume from the parked KV instead of prefilling again
+            self._parked.pop(lane.parked, None)
+            lane.restore, lane.n_cached = lane.parked, lane.parked_tokens
+            lane.parked = None
+        self.lanes.append(lane)
+        if lane.admitted_at is None:
+            lane.admitted_at = now
             self._emit(lane, LaneEvent("admitted", lane.id, timings={"queued_s": now - lane.queued_at}))
+        else:
+            self._emit(lane, LaneEvent("resumed", lane.id))
+
+    def _preempt(self, lane: Lane) -> None:
+        """Stop a running lane and requeue it at the head of its class; park its KV if allowed."""
+        slot = lane.slot
+        if (self.settings.extra.get("park") and self.engine.capabilities.supports_parking
+                and lane.n_cached > 0):
+            key = f"{lane.id}#{lane.preemptions}"
+            self._park.append((slot, key))
+            self._parked[key] = lane
+            lane.parked, lane.parked_tokens = key, lane.n_cached
+        lane.n_cached = 0
+        lane.restore = None
+        lane.preemptions += 1
+        lane.state = LaneState.PREEMPTED
+        lane.waited_ticks = 0
+        self.lanes.remove(lane)
+        self._free_slots.append(slot)
+        self._release.append(slot)
+        lane.slot = None
+        self.queue.insert(0, lane)
+        self._preempted += 1
+        log.info("model %s: preempted %s (%s)%s", self.name, lane.id, lane.qos,
+                 " parking its KV" if lane.parked else "")
+        self._emit(lane, LaneEvent("paused", lane.id))
+
+    def _expire(self, now: float) -> None:
+        for lane in [l for l in self.queue if l.request.start_deadline is not None
+                     and l.admitted_at is None and now > l.request.start_deadline]:
+            self.queue.remove(lane)
+            self._fail(lane, DeadlineExceeded(
+                "the request could not start before its deadline (--completion-deadline-ms); retry later",
+                headers={"Retry-After": "1"}))
+
+    def _forget_parked(self, lane: Lane) -> None:
+        if lane.parked is not None:
+            self._drop_parked.append(lane.parked)
+            self._parked.pop(lane.parked, None)
+            lane.parked = None
 
     def _commit(self, plan: TickPlan, result: TickResult) -> TickStats:
         self.ticks += 1
@@ -247,8 +320,12 @@ class Scheduler:
             if lane is None:
                 continue
             lane.needs_reset = False
+            lane.restore = None
             res = result.lanes.get(lp.slot)
             if res is None:
+                continue
+            if res.restore_failed:  # the parked KV was lost: prefill everything again
+                lane.n_cached, lane.needs_reset = 0, True
                 continue
             lane.n_cached += res.n_fed
             lane.n_prefilled += res.n_prefill
@@ -261,6 +338,13 @@ class Scheduler:
         for lane in [l for l in self.lanes if l.cancel_requested]:
             self._finish(lane, "cancelled", LaneState.CANCELLED)
             finished.append(lane)
+        for key, size in result.parked.items():
+            lane = self._parked.get(key)
+            if size == 0 and lane is not None:  # parking failed: it will prefill again
+                self._parked.pop(key)
+                lane.parked, lane.parked_tokens = None, 0
+        preempted, promoted = self._preempted, self._promoted
+        self._preempted = self._promoted = 0
         return TickStats(
             model=self.name, seconds=result.seconds, prefill_tokens=prefilled,
             decode_tokens=decode_tokens, prefill_budget=plan.prefill_budget,
@@ -268,7 +352,8 @@ class Scheduler:
             max_lanes=self.settings.max_batch, queue_depth=len(self.queue),
             stopped_early=result.stopped_early, kv_used=result.kv_used,
             kv_capacity=result.kv_capacity, first_tokens=first_tokens, finished=finished,
-            queue_by_class=_count_by_class(self.queue), lanes_by_class=_count_by_class(self.lanes))
+            queue_by_class=_count_by_class(self.queue), lanes_by_class=_count_by_class(self.lanes),
+            preempted=preempted, promoted=promoted, parked_bytes=result.parked_bytes)
 
     def _take_tokens(self, lane: Lane, tokens: list[int], eog: bool, now: float,
                      first_tokens: list) -> bool:
@@ -325,6 +410,7 @@ class Scheduler:
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 
     def _drop(self, lane: Lane) -> None:
+        self._forget_parked(lane)
         if lane in self.lanes:
             self.lanes.remove(lane)
         if lane.slot is not None:

@@ -26,14 +26,21 @@ class LanePlan:
     sampling: SamplingParams | None = None
     ignore_eos: bool = False
     decode: bool = False  # the feed is the lane's own last sampled token (already seen by its sampler)
+    restore: str | None = None  # after the reset, load this parked KV into the slot (it holds ``pos`` tokens)
+    history: list[int] | None = None  # tokens already in the KV, for a fresh penalty sampler
 
 
 @attrs.define
 class TickPlan:
-    """For one engine call: per lane a prefill chunk or a decode grant, plus slots to release."""
+    """For one engine call: per lane a prefill chunk or a decode grant, plus slots to release.
+
+    The engine applies, in order: ``park`` (copy each slot's KV to host memory under a key),
+    ``drop_parked`` (forget parked KV), ``release`` (clear slots), then the lanes."""
 
     lanes: list[LanePlan] = attrs.field(factory=list)
     release: list[int] = attrs.field(factory=list)
+    park: list[tuple[int, str]] = attrs.field(factory=list)
+    drop_parked: list[str] = attrs.field(factory=list)
     prefill_budget: int = 0   # the budget this plan was cut from (for metrics)
     decode_grant: int = 0     # decode rounds granted per decoding lane (for metrics)
     target_s: float = 0.0     # the duration the planner sized this tick toward
@@ -43,7 +50,7 @@ class TickPlan:
         return sum(len(lp.feed) for lp in self.lanes if not lp.decode)
 
     def empty(self) -> bool:
-        return not self.lanes and not self.release
+        return not (self.lanes or self.release or self.park or self.drop_parked)
 
 
 @attrs.define
@@ -53,6 +60,7 @@ class LaneResult:
     n_prefill: int = 0                          # of those, prompt (not decode) tokens
     tokens: list[int] = attrs.field(factory=list)  # tokens sampled this tick, in order
     eog: bool = False                           # the last sampled token ends the generation
+    restore_failed: bool = False                # the parked KV to restore was not there
 
 
 @attrs.define
@@ -67,6 +75,8 @@ class StepTiming:
 @attrs.define
 class TickResult:
     lanes: dict[int, LaneResult] = attrs.field(factory=dict)
+    parked: dict[str, int] = attrs.field(factory=dict)  # park key -> bytes held (0: parking failed)
+    parked_bytes: int = 0  # all parked KV the engine holds in host memory
     steps: list[StepTiming] = attrs.field(factory=list)
     stopped_early: bool = False
     seconds: float = 0.0

@@ -1,12 +1,25 @@
-"""The HTTP front end (aiohttp): the OpenAI API, /health, /slots and /metrics."""
+"""The HTTP front end (aiohttp): the OpenAI API, llama.cpp-style /infill, /health, /slots and
+/metrics."""
 
 from __future__ import annotations
 
+import os
+
 from superfluid.core import qos
-from superfluid.core.config import Option, in_range
+from superfluid.core.config import ModelConfig, Option, in_range
+from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
+from .fim import FIM_MODEL_NAME
 from .metrics import METRICS
+from .ratelimit import parse_rate
+
+MAX_FIM_CONTEXT = 8192
+
+
+def _rate(text: str) -> str:
+    parse_rate(text)  # validates
+    return text
 
 
 @hookimpl
@@ -18,6 +31,37 @@ def superfluid_add_config(schema):
                       metavar="CLASS"))
     schema.add(Option("http-qos-header", bool, True,
                       "honor the x-superfluid-qos request header (--no-http-qos-header ignores it)"))
+    schema.add(Option("http-allow-batch-invariant", bool, False,
+                      "allow x-superfluid-batch-invariant: true (such a lane ticks alone; any client "
+                      "allowed to ask can serialize the server)"))
+    schema.add(Option("completion-rate", str, "10/s", "fill-in-the-middle requests per client: the token "
+                      "bucket's refill rate (N/s, N/m, N/h)", parse=_rate, metavar="RATE"))
+    schema.add(Option("completion-burst", int, 20, "fill-in-the-middle requests per client: the bucket's size",
+                      in_range(1, 100000), metavar="N"))
+    schema.add(Option("completion-deadline-ms", int, 0, "a fill-in-the-middle request not started within this "
+                      "many ms fails fast (0: no deadline)", in_range(0, 3_600_000), metavar="MS"))
+    schema.add(Option("fim-model", str, None, "run fill-in-the-middle requests on this dedicated model "
+                      "(a GGUF with FIM tokens), with lanes of its own", metavar="PATH"))
+    schema.add(Option("fim-max-batch", int, 2, "lanes of --fim-model", in_range(1, 256), metavar="N"))
+    schema.add(Option("fim-max-context", int, 0, f"context of --fim-model (0: the model's, at most {MAX_FIM_CONTEXT})",
+                      in_range(0, MAX_FIM_CONTEXT), metavar="N"))
+
+
+@hookimpl
+def superfluid_configure(config):
+    path = config.get("fim-model")
+    if not path:
+        return
+    if any(m.name == FIM_MODEL_NAME for m in config.models):
+        raise ConfigError(f"{config.source}: a model is already named {FIM_MODEL_NAME!r}; --fim-model needs that name")
+    if not os.path.exists(path):
+        raise ConfigError(f"--fim-model: file not found: {path}")
+    values = dict(config.models[0].values) if config.models else {}
+    values["max-batch"] = config["fim-max-batch"]
+    values["max-context"] = config["fim-max-context"]  # 0: the engine's auto (at most 8192)
+    values["class-lanes"] = {}
+    config.models.append(ModelConfig(name=FIM_MODEL_NAME, path=path, engine=values.get("engine", "llamacpp"),
+                                     values=values))
 
 
 @hookimpl

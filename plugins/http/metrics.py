@@ -35,6 +35,12 @@ class Metrics:
         self.ticks = Counter("superfluid_ticks", "Engine ticks run", ["model"], registry=r)
         self.tick_seconds = Histogram("superfluid_tick_seconds", "Engine tick duration", ["model"],
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8), registry=r)
+        self.preemptions = Counter("superfluid_preemptions", "Lanes preempted for a more urgent class",
+                                   ["model"], registry=r)
+        self.promotions = Counter("superfluid_starvation_promotions",
+                                  "Lanes admitted after waiting the starvation bound", ["model"], registry=r)
+        self.parked_bytes = Gauge("superfluid_parked_kv_bytes", "KV parked in host memory by preempted lanes",
+                                  ["model"], registry=r)
         self.kv_used = Gauge("superfluid_kv_cells_used", "KV cells in use", ["model"], registry=r)
         self.kv_capacity = Gauge("superfluid_kv_cells_capacity", "KV cells in the pool", ["model"], registry=r)
         self.kv_occupancy = Gauge("superfluid_kv_pool_occupancy", "KV pool occupancy (0..1)", ["model"], registry=r)
@@ -55,6 +61,11 @@ class Metrics:
             self.prefill_tokens.labels(model).inc(stats.prefill_tokens)
         for cls, seconds in stats.first_tokens:
             self.ttft.labels(model, cls).observe(seconds)
+        if stats.preempted:
+            self.preemptions.labels(model).inc(stats.preempted)
+        if stats.promoted:
+            self.promotions.labels(model).inc(stats.promoted)
+        self.parked_bytes.labels(model).set(stats.parked_bytes)
         self.kv_used.labels(model).set(stats.kv_used)
         self.kv_capacity.labels(model).set(stats.kv_capacity)
         if stats.kv_capacity:

@@ -18,8 +18,10 @@ from . import params
 from .access_log import log_generation
 from .bridge import EventBridge
 from .errors import error_response, from_exception
+from .fim import FIM_CLASS, FimPolicy, fim_prompt
 
 QOS_HEADER = "x-superfluid-qos"
+BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
 
 
 async def read_body(request: web.Request) -> dict:
@@ -44,6 +46,7 @@ def request_class(request: web.Request, config) -> str:
 
 
 def _max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int) -> int:
+    """OpenAI's defaults: the rest of the context for chat, 16 for completions; too many is a 400."""
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     value = params.integer(body, key, None, 1)
     if value is None:
@@ -56,72 +59,113 @@ def _max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int) -> int:
     return max(1, min(value, ctx - n_prompt))
 
 
+def batch_invariant(request: web.Request, config) -> bool:
+    """The x-superfluid-batch-invariant header; a 403 unless --http-allow-batch-invariant."""
+    raw = request.headers.get(BATCH_INVARIANT_HEADER)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    if value not in ("1", "true", "yes", "on"):
+        raise InvalidRequest(f"{BATCH_INVARIANT_HEADER} must be true or false, got {raw!r}",
+                             param=BATCH_INVARIANT_HEADER, code="invalid_value")
+    if not config["http-allow-batch-invariant"]:
+        raise Forbidden("batch-invariant lanes tick alone and can serialize the server; this server "
+                        "does not allow them (start it with --http-allow-batch-invariant)",
+                        param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
+    return True
+
+
+class Forbidden(SuperfluidError):
+    status = 403
+    type = "permission_error"
+
+
 class OpenAIRoutes:
     def __init__(self, daemon, config):
         self.daemon = daemon
         self.config = config
+        self.fim = FimPolicy(config)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/infill", self.infill)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._generate(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._generate(request, "completion")
 
-    # ---- shared flow ------------------------------------------------------------------------
+    async def infill(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "infill")
 
-    def _prepare(self, request: web.Request, body: dict, chat: bool):
-        params.check_fields(body, params.CHAT_FIELDS if chat else params.COMPLETION_FIELDS)
-        params.unsupported(body)
+    # ---- building the request ------------------------------------------------------------------
+
+    def _tokens(self, request, body: dict, kind: str):
+        """(runtime, prompt tokens, is FIM) for a validated body."""
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model", code="invalid_type")
+        if kind == "infill" or (kind == "completion" and body.get("suffix") is not None):
+            runtime = self.fim.runtime(self.daemon, model)
+            if kind == "infill":
+                prefix, suffix, middle = (params.text(body, "input_prefix"), params.text(body, "input_suffix"),
+                                          params.text(body, "prompt"))
+            else:
+                prefix, suffix, middle = params.fim_parts(body), params.text(body, "suffix"), ""
+            self.fim.admit(request)
+            return runtime, fim_prompt(runtime, prefix, suffix, middle), True
         runtime = self.daemon.get(model)
-        engine = runtime.engine
-        info = engine.info
-        if chat:
+        engine, info = runtime.engine, runtime.engine.info
+        if kind == "chat":
             if body.get("tools"):
                 raise InvalidRequest("tools are not supported yet", param="tools", code="unsupported_value")
-            messages = params.chat_messages(body)
-            text = render_chat(info.chat_template, messages, bos_token=info.bos_token,
+            text = render_chat(info.chat_template, params.chat_messages(body), bos_token=info.bos_token,
                                eos_token=info.eos_token, add_generation_prompt=True)
             add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
-            tokens = engine.tokenize(text, add_special=add_bos, parse_special=True)
-        else:
-            if body.get("suffix") is not None:
-                raise InvalidRequest("suffix (fill-in-the-middle) is not supported yet", param="suffix",
-                                     code="unsupported_value")
-            tokens = params.completion_prompt(
-                body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
-            bad = [t for t in tokens if not 0 <= t < info.n_vocab]
-            if bad:
-                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{info.n_vocab - 1})",
-                                     param="prompt", code="invalid_value")
+            return runtime, engine.tokenize(text, add_special=add_bos, parse_special=True), False
+        tokens = params.completion_prompt(body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
+        bad = [t for t in tokens if not 0 <= t < info.n_vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{info.n_vocab - 1})",
+                                 param="prompt", code="invalid_value")
+        return runtime, tokens, False
+
+    def _prepare(self, request: web.Request, body: dict, kind: str, arrived: float):
+        params.check_fields(body, params.FIELDS[kind])
+        params.unsupported(body)
+        if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
+            body = {**body, "max_tokens": body["n_predict"] if body["n_predict"] != -1 else None}
+        invariant = batch_invariant(request, self.config)
+        runtime, tokens, fim = self._tokens(request, body, kind)
         ctx = runtime.scheduler.settings.context_length
         if len(tokens) >= ctx:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {ctx} tokens, but the prompt has "
-                f"{len(tokens)} tokens.", param="messages" if chat else "prompt")
+                f"{len(tokens)} tokens.", param="messages" if kind == "chat" else "prompt")
         stream = params.boolean(body, "stream")
         opts = body.get("stream_options") or {}
         include_usage = bool(opts.get("include_usage")) if stream else False
-        req_args = dict(prompt_tokens=tokens, max_tokens=_max_tokens(body, chat, len(tokens), ctx),
-                        sampling=params.sampling(body), stop=params.stop_strings(body),
-                        ignore_eos=params.boolean(body, "ignore_eos"),
-                        qos=request_class(request, self.config), meta={"chat": chat})
+        req_args = dict(
+            prompt_tokens=tokens, max_tokens=_max_tokens(body, kind != "completion", len(tokens), ctx),
+            sampling=params.sampling(body), stop=params.stop_strings(body),
+            ignore_eos=params.boolean(body, "ignore_eos"), batch_invariant=invariant,
+            qos=FIM_CLASS if fim else request_class(request, self.config),
+            start_deadline=self.fim.deadline(arrived) if fim else None,
+            meta={"chat": kind == "chat", "fim": fim})
         return runtime, req_args, stream, include_usage
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         arrived = time.monotonic()
         body = await read_body(request)
-        runtime, req_args, stream, include_usage = self._prepare(request, body, chat)
+        runtime, req_args, stream, include_usage = self._prepare(request, body, kind, arrived)
         bridge = EventBridge(asyncio.get_running_loop())
         req = Request(sink=bridge, arrived=arrived, **req_args)
         runtime.scheduler.submit(req)
-        shape = _Shape(chat=chat, model=runtime.name)
+        shape = _Shape(kind=kind, model=runtime.name)
         log_args = dict(model=runtime.name, qos=req.qos, prompt_tokens=len(req.prompt_tokens), arrived=arrived)
         try:
             if stream:
@@ -156,7 +200,7 @@ class OpenAIRoutes:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        if shape.chat:
+        if shape.kind == "chat":
             await _send(resp, shape.chunk(role=True))
         async for event in bridge.events():
             if event.kind == "delta":
@@ -168,12 +212,13 @@ class OpenAIRoutes:
                 await _send(resp, _error_body(event.error))
                 break
             elif event.kind == "finished":
-                await _send(resp, shape.chunk(finish=event.finish_reason))
+                await _send(resp, shape.chunk(finish=event.finish_reason, event=event))
                 if include_usage:
                     await _send(resp, shape.usage_chunk(event))
                 log_generation(request, status=200, completion_tokens=event.completion_tokens,
                                timings=event.timings, finish=event.finish_reason, **log_args)
-        await resp.write(b"data: [DONE]\n\n")
+        if shape.kind != "infill":
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
@@ -199,20 +244,24 @@ def _error_response(exc: BaseException | None) -> web.Response:
 
 
 class _Shape:
-    """Builds OpenAI response objects for one request (chat or text completion)."""
+    """Builds response objects for one request: OpenAI chat or text completion, or llama.cpp infill."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat = chat
+    def __init__(self, kind: str, model: str):
+        self.kind = kind
         self.model = model
         self.created = int(time.time())
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
     def _usage(self, event) -> dict:
         return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
                 "total_tokens": event.prompt_tokens + event.completion_tokens}
 
     def whole(self, text: str, event) -> dict:
-        if self.chat:
+        if self.kind == "infill":
+            return {"content": text, "model": self.model, "stop": True,
+                    "finish_reason": event.finish_reason, "tokens_predicted": event.completion_tokens,
+                    "tokens_evaluated": event.prompt_tokens, "usage": self._usage(event)}
+        if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": event.finish_reason}
             obj = "chat.completion"
@@ -222,8 +271,14 @@ class _Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": self._usage(event)}
 
-    def chunk(self, text: str = "", finish: str | None = None, role: bool = False) -> dict:
-        if self.chat:
+    def chunk(self, text: str = "", finish: str | None = None, role: bool = False, event=None) -> dict:
+        if self.kind == "infill":
+            out = {"content": text, "stop": finish is not None}
+            if event is not None:
+                out.update(finish_reason=finish, tokens_predicted=event.completion_tokens,
+                           tokens_evaluated=event.prompt_tokens)
+            return out
+        if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion.chunk"
@@ -234,5 +289,5 @@ class _Shape:
                 "choices": [choice]}
 
     def usage_chunk(self, event) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+        return {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.model, "choices": [], "usage": self._usage(event)}

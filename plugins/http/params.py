@@ -17,6 +17,30 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "r
                          "tools", "tool_choice", "parallel_tool_calls", "service_tier", "store",
                          "metadata", "stream_options", "reasoning_effort"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix", "echo", "best_of"}
+INFILL_FIELDS = _COMMON | {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict"}
+FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "infill": INFILL_FIELDS}
+
+
+def text(body: dict, key: str) -> str:
+    """An optional string field ("" when absent)."""
+    value = body.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{key} must be a string", param=key, code="invalid_type")
+    return value
+
+
+def fim_parts(body: dict) -> str:
+    """The prefix of a /v1/completions FIM request: its prompt, as a string."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if prompt is None:
+        raise InvalidRequest("prompt is required", param="prompt", code="missing_required_parameter")
+    if not isinstance(prompt, str):
+        raise InvalidRequest("with suffix, prompt must be a string", param="prompt", code="invalid_type")
+    return prompt
 
 
 def check_fields(body: Any, allowed: set[str]) -> dict:
@@ -98,6 +122,8 @@ def unsupported(body: dict) -> None:
     best_of = integer(body, "best_of", 1, 1)
     if best_of != 1:
         raise InvalidRequest("best_of > 1 is not supported", param="best_of", code="unsupported_value")
+    if body.get("input_extra") not in (None, []):
+        raise InvalidRequest("input_extra is not supported yet", param="input_extra", code="unsupported_value")
     if body.get("logprobs") not in (None, False, 0):
         raise InvalidRequest("logprobs are not supported yet", param="logprobs", code="unsupported_value")
     if body.get("echo") not in (None, False):

@@ -50,6 +50,7 @@ class TickRunner:
         self.samplers: dict[int, object] = {}
         self.penalized: set[int] = set()
         self.greedy: set[int] = set()  # plain argmax lanes: sampled with numpy, no chain
+        self.parked: dict[str, ctypes.Array] = {}  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
 
     def close(self) -> None:
@@ -76,17 +77,46 @@ class TickRunner:
 
     # ---- one tick ---------------------------------------------------------------------------
 
+    def park(self, slot: int, key: str) -> int:
+        """Copy a sequence's KV to host memory; the bytes held (0 if it could not)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
+        if size <= 0:
+            return 0
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, slot)
+        if n <= 0:
+            return 0
+        self.parked[key] = buf
+        return n
+
+    def restore(self, slot: int, key: str) -> bool:
+        buf = self.parked.pop(key, None)
+        if buf is None:
+            return False
+        return llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(buf), slot) > 0
+
     def run(self, plan: TickPlan) -> TickResult:
         t_start = time.perf_counter()
+        result = TickResult()
+        for slot, key in plan.park:
+            result.parked[key] = self.park(slot, key)
+        for key in plan.drop_parked:
+            self.parked.pop(key, None)
         for slot in plan.release:
             self._clear(slot)
         work: list[_Work] = []
         for lp in plan.lanes:
             if lp.reset:
                 self._clear(lp.slot)
-                self.samplers[lp.slot] = build_sampler(lp.sampling)
+                if lp.restore is not None and not self.restore(lp.slot, lp.restore):
+                    self._clear(lp.slot)
+                    result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
+                    continue
+                chain = self.samplers[lp.slot] = build_sampler(lp.sampling)
                 if lp.sampling.uses_penalties:
                     self.penalized.add(lp.slot)
+                    for token in lp.history or ():
+                        llama_cpp.llama_sampler_accept(chain, token)
                 elif lp.sampling.greedy:
                     self.greedy.add(lp.slot)
             elif llama_cpp.llama_memory_seq_pos_max(self.mem, lp.slot) >= lp.pos:
@@ -94,7 +124,6 @@ class TickRunner:
             accept = lp.slot in self.penalized and not lp.decode
             work.append(_Work(lp, lp.pos, accept))
 
-        result = TickResult()
         active = [w for w in work if w.feed]
         while active:
             if self.stop_flag.value:
@@ -105,6 +134,7 @@ class TickRunner:
             active = [w for w in active if w.feed]
         for w in work:
             result.lanes[w.slot] = w.result
+        result.parked_bytes = sum(len(b) for b in self.parked.values())
         result.seconds = time.perf_counter() - t_start
         result.kv_used = self.kv_used()
         result.kv_capacity = self.kv_capacity

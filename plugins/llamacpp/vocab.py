@@ -51,7 +51,7 @@ class Vocab:
         bos, eos = llama_cpp.llama_vocab_bos(v), llama_cpp.llama_vocab_eos(v)
         return ModelInfo(
             name=name, path=path, chat_template=self._meta("tokenizer.chat_template"),
-            bos_token=text(bos), eos_token=text(eos),
+            bos_token=text(bos), eos_token=text(eos), bos_id=tok(bos),
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
             fim_prefix=tok(llama_cpp.llama_vocab_fim_pre(v)),
             fim_suffix=tok(llama_cpp.llama_vocab_fim_suf(v)),

@@ -1,4 +1,5 @@
-"""The default scheduling policies: class-ordered admission with aging, and tick planning.
+"""The default scheduling policies: class-ordered admission with aging and lane caps,
+preemption for urgent classes, and tick planning.
 
 Each is an ordinary ``firstresult`` hook implementation; a plugin listed in the TOML ``plugins``
 key replaces any one of them."""
@@ -8,12 +9,28 @@ from __future__ import annotations
 from superfluid.core import qos
 from superfluid.core.hookspecs import hookimpl
 
-from . import admission, planner
+from . import admission, options, planner
+
+
+@hookimpl
+def superfluid_add_config(schema):
+    for option in options.OPTIONS:
+        schema.add(option)
+
+
+@hookimpl
+def superfluid_configure(config):
+    options.check_caps(config)
 
 
 @hookimpl
 def superfluid_pick_next(queue, lanes, now, settings):
     return admission.pick_next(queue, lanes, settings)
+
+
+@hookimpl
+def superfluid_choose_victim(lane, lanes, settings):
+    return admission.choose_victim(lane, lanes)
 
 
 @hookimpl
@@ -23,4 +40,4 @@ def superfluid_plan_tick(lanes, queue, costs, capabilities, settings, now):
 
 @hookimpl
 def superfluid_should_stop_tick(lane, lanes, settings):
-    return lane.qos in planner.URGENT
+    return lane.qos in qos.URGENT

@@ -1,4 +1,7 @@
-"""Admission order: the head of the most urgent class, with aging so nothing starves."""
+"""Admission order: the head of the most urgent class, with aging so nothing starves.
+
+A class at its lane cap (``--class-lanes``) is skipped. While a batch-invariant lane waits,
+nothing at or below its class is admitted ahead of it (it needs a lane to tick alone)."""
 
 from __future__ import annotations
 
@@ -13,18 +16,36 @@ def effective_priority(lane: Lane, starvation_ticks: int) -> int:
 
 
 def pick_next(queue: list[Lane], lanes: list[Lane], settings) -> Lane | None:
-    """The first queued lane of the most urgent (aged) class whose class is under its lane cap."""
     caps: dict[str, int] = settings.extra.get("class-lanes") or {}
     running: dict[str, int] = {}
     for lane in lanes:
         running[lane.qos] = running.get(lane.qos, 0) + 1
+    waiting_invariant = [qos.priority(l.qos) for l in queue if l.request.batch_invariant]
+    floor = min(waiting_invariant) if waiting_invariant else None
     best: Lane | None = None
     best_key = None
     for position, lane in enumerate(queue):
         cap = caps.get(lane.qos)
         if cap is not None and running.get(lane.qos, 0) >= cap:
             continue
+        if (floor is not None and not lane.request.batch_invariant
+                and qos.priority(lane.qos) >= floor):
+            continue
         key = (effective_priority(lane, settings.starvation_ticks), position)
         if best_key is None or key < best_key:
             best, best_key = lane, key
     return best
+
+
+def choose_victim(lane: Lane, lanes: list[Lane]) -> Lane | None:
+    """For a queued interactive or completion lane: the lowest-class running lane below it,
+    a decoding one before a prefilling one, never a pinned (batch-invariant, media) lane.
+    Among equals, the one admitted last loses the least work."""
+    if lane.qos not in qos.URGENT:
+        return None
+    mine = qos.priority(lane.qos)
+    candidates = [l for l in lanes if not l.pinned and qos.priority(l.qos) > mine]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda l: (qos.priority(l.qos), not l.is_prefilling,
+                                          l.admitted_at or 0.0))

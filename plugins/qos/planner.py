@@ -16,7 +16,7 @@ PREFILL_CAP_BUSY_S = 8.0
 CHUNK = 512                     # whole chunks of this size ...
 SMALL_STEP = 128                # ... or steps of this size on a model too slow for one chunk
 ADAPTIVE_MIN, ADAPTIVE_MAX = 256, 4096
-URGENT = ("interactive", "completion")
+URGENT = qos.URGENT
 
 
 def tick_target_s(lanes: list[Lane], capabilities, settings, admitting: bool) -> float:
@@ -51,6 +51,9 @@ def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
 
 
 def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, settings) -> TickPlan:
+    solo = [l for l in lanes if l.request.batch_invariant]
+    if solo:  # a batch-invariant lane ticks alone, so its output does not depend on other traffic
+        lanes = [min(solo, key=lambda l: l.admitted_at or 0.0)]
     decoding = [l for l in lanes if not l.is_prefilling]
     prefilling = [l for l in lanes if l.is_prefilling]
     base_rounds = max(1, int(tick_target_s(lanes, capabilities, settings, False)
@@ -99,7 +102,10 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
 
 def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> LanePlan:
     req = lane.request
+    reset = lane.needs_reset
+    restore = lane.restore if reset else None
+    history = lane.tokens[:lane.n_cached] if restore and req.sampling.uses_penalties else None
     return LanePlan(slot=lane.slot, pos=lane.n_cached, feed=lane.tokens[lane.n_cached:lane.n_cached + n],
-                    sample=sample, max_new=max_new, reset=lane.needs_reset,
-                    sampling=req.sampling if lane.needs_reset else None,
-                    ignore_eos=req.ignore_eos, decode=decode and not lane.needs_reset)
+                    sample=sample, max_new=max_new, reset=reset,
+                    sampling=req.sampling if reset else None, ignore_eos=req.ignore_eos,
+                    decode=decode and not reset, restore=restore, history=history)

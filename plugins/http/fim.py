@@ -1,0 +1,65 @@
+"""Fill-in-the-middle: prompts from the model's FIM tokens, the completion class, rate limits
+and start deadlines. Serves ``suffix`` on /v1/completions and llama.cpp-style ``POST /infill``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from superfluid.core.errors import InvalidRequest, SuperfluidError
+
+from .ratelimit import TokenBuckets, parse_rate
+
+FIM_CLASS = "completion"
+
+
+class RateLimited(SuperfluidError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+def fim_prompt(runtime, prefix: str, suffix: str, middle: str = "") -> list[int]:
+    """[BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> middle (PSM order, as llama.cpp)."""
+    info = runtime.engine.info
+    if None in (info.fim_prefix, info.fim_suffix, info.fim_middle):
+        raise InvalidRequest(f"model {runtime.name!r} has no fill-in-the-middle tokens; "
+                             "serve a FIM-capable model (see --fim-model)", param="suffix",
+                             code="fim_unsupported")
+    tok = runtime.engine.tokenize
+    tokens = [info.bos_id] if info.add_bos and info.bos_id is not None else []
+    tokens += [info.fim_prefix, *tok(prefix, add_special=False, parse_special=False),
+               info.fim_suffix, *tok(suffix, add_special=False, parse_special=False), info.fim_middle]
+    if middle:
+        tokens += tok(middle, add_special=False, parse_special=False)
+    return tokens
+
+
+class FimPolicy:
+    """Where FIM requests run and whether a client may send one now."""
+
+    def __init__(self, config):
+        self.config = config
+        self.buckets = TokenBuckets(parse_rate(config["completion-rate"]), config["completion-burst"])
+        self.deadline_s = config["completion-deadline-ms"] / 1000.0
+
+    def runtime(self, daemon, model: str | None):
+        if self.config.get("fim-model"):
+            return daemon.get(FIM_MODEL_NAME)
+        return daemon.get(model)
+
+    def admit(self, request) -> None:
+        """Raise 429 with Retry-After when this client's bucket is empty."""
+        client = request.headers.get("Authorization") or request.remote or "unknown"
+        wait = self.buckets.take(client)
+        if wait > 0:
+            raise RateLimited(f"too many completion requests from this client (--completion-rate "
+                              f"{self.config['completion-rate']}, --completion-burst "
+                              f"{self.config['completion-burst']}); retry in {wait:.2f} s",
+                              headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+    def deadline(self, arrived: float) -> float | None:
+        return arrived + self.deadline_s if self.deadline_s > 0 else None
+
+
+FIM_MODEL_NAME = "fim"

@@ -1,0 +1,43 @@
+"""The QoS options: class lane caps and parking."""
+
+from __future__ import annotations
+
+from superfluid.core import qos
+from superfluid.core.config import Option
+from superfluid.core.errors import ConfigError
+
+
+def parse_class_lanes(text: str) -> dict[str, int]:
+    """``background=2,agent=6`` → {"background": 2, "agent": 6} (aliases accepted)."""
+    caps: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"expected CLASS=N, got {part!r}")
+        canonical = qos.ALIASES.get(name.strip().lower())
+        if canonical is None:
+            raise ConfigError(f"unknown QoS class {name.strip()!r} (classes: {', '.join(qos.CLASSES)})")
+        try:
+            caps[canonical] = int(value)
+        except ValueError:
+            raise ConfigError(f"{part!r}: the cap must be an integer") from None
+    return caps
+
+
+OPTIONS = [
+    Option("class-lanes", dict, {}, "cap the lanes a class may hold, e.g. background=2,agent=6 "
+           "(each between 1 and --max-batch)", model_scoped=True, metavar="CLASS=N,...",
+           parse=parse_class_lanes),
+    Option("park", bool, False, "park a preempted lane's KV in host memory and restore it on resume "
+           "(otherwise it prefills prompt + generated tokens again)", model_scoped=True),
+]
+
+
+def check_caps(config) -> None:
+    """Caps must be between 1 and each model's --max-batch."""
+    for model in config.models:
+        caps = model.values.get("class-lanes") or {}
+        for cls, cap in caps.items():
+            if not 1 <= cap <= model["max-batch"]:
+                raise ConfigError(f"{config.source}: class-lanes: {cls}={cap} must be between 1 and "
+                                  f"--max-batch ({model['max-batch']}) for model {model.name or 'default'!r}")
