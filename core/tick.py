@@ -44,6 +44,8 @@ class TickPlan:
     prefill_budget: int = 0   # the budget this plan was cut from (for metrics)
     decode_grant: int = 0     # decode rounds granted per decoding lane (for metrics)
     target_s: float = 0.0     # the duration the planner sized this tick toward
+    end_after_first_token: bool = False  # end the tick at the step that samples a lane's first token
+    step_tokens: int = 0      # most tokens per engine step (0: the engine's own); bounds how late a stop lands
 
     @property
     def prefill_tokens(self) -> int:

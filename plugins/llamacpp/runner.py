@@ -22,7 +22,8 @@ from .sampling import build_sampler, free_sampler
 class _Work:
     """A lane's remaining work within one tick."""
 
-    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding")
+    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
+                 "was_decoding")
 
     def __init__(self, lp: LanePlan, pos: int, accept: bool):
         self.slot = lp.slot
@@ -33,6 +34,7 @@ class _Work:
         self.accept = accept
         self.pos = pos
         self.decoding = lp.decode
+        self.was_decoding = lp.decode
         self.result = LaneResult(slot=lp.slot)
 
 
@@ -129,8 +131,11 @@ class TickRunner:
             if self.stop_flag.value:
                 result.stopped_early = True
                 break
-            step = self._step(active)
+            step = self._step(active, plan.step_tokens)
             result.steps.append(step)
+            if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
+                result.stopped_early = any(w.feed for w in active)
+                break
             active = [w for w in active if w.feed]
         for w in work:
             result.lanes[w.slot] = w.result
@@ -140,10 +145,14 @@ class TickRunner:
         result.kv_capacity = self.kv_capacity
         return result
 
-    def _step(self, active: list[_Work]) -> StepTiming:
-        """One forward pass: a token for each decoding lane first, then prefill up to n_ubatch."""
+    def _step(self, active: list[_Work], limit: int) -> StepTiming:
+        """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
         batch = self.batch
-        room = self.n_ubatch
+        singles = sum(len(w.feed) == 1 for w in active)
+        room = max(self.n_ubatch - singles, 0)
+        if limit > 0:  # the limit bounds prefill; every decoding lane still gets its token
+            room = min(room, limit)
+        room += singles
         taken: list[tuple[_Work, int, int]] = []  # (work, first batch index, count)
         n = 0
         decode_tokens = 0

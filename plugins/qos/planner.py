@@ -11,6 +11,8 @@ from superfluid.core import qos
 from superfluid.core.lane import Lane
 from superfluid.core.tick import LanePlan, TickPlan
 
+STEP_TARGET_S = 0.25            # one engine step's work, so an early stop lands within this
+MIN_STEP = 64
 PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
 PREFILL_CAP_BUSY_S = 8.0
 CHUNK = 512                     # whole chunks of this size ...
@@ -40,6 +42,16 @@ def prefill_budget(costs, capabilities, settings, admitting: bool) -> int:
     else:
         cap_tokens = max(SMALL_STEP, (int(cap_tokens) // SMALL_STEP) * SMALL_STEP)
     return max(1, min(budget, int(cap_tokens)))
+
+
+def step_tokens(costs, capabilities) -> int:
+    """Tokens per engine step: the engine's micro-batch, smaller on a model so slow (or a context so
+    long) that one would take more than STEP_TARGET_S, so a stop request never waits long."""
+    full = max(capabilities.prefill_step_tokens, 1)
+    fit = int(STEP_TARGET_S / max(costs.prefill_per_token(), 1e-7))
+    if fit >= full:
+        return full
+    return max(MIN_STEP, (fit // 32) * 32)
 
 
 def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
@@ -80,22 +92,28 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
         chunks = [(l, n) for l, n in chunks if qos.priority(l.qos) <= floor]
 
     prefill_total = sum(n for _, n in chunks)
-    steps = math.ceil(prefill_total / max(capabilities.prefill_step_tokens, 1)) if prefill_total else 0
-    rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)), steps)
-    if any(n == l.to_feed and l.first_token_at is None for l, n in chunks):
-        # A first token is due: end the tick right after it so it reaches the client now.
-        rounds = max(1, steps)
-    if settings.tick_decode_budget and decoding:
-        rounds = max(1, min(rounds, settings.tick_decode_budget // len(decoding)))
-    plan.decode_grant = rounds
+    plan.step_tokens = step_tokens(costs, capabilities)
+    steps = math.ceil(prefill_total / plan.step_tokens) if prefill_total else 0
+    rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
+    first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
+    if first_due:
+        # A first token is due: the tick ends right after it so it reaches the client now.
+        rounds = 1
+        plan.end_after_first_token = True
+    samplers = len(decoding) + sum(n == l.to_feed for l, n in chunks)
+    if settings.tick_decode_budget and samplers:
+        rounds = max(1, min(rounds, settings.tick_decode_budget // samplers))
 
     ctx = settings.context_length
     for lane, n in chunks:
         sample = n == lane.to_feed
         grant = min(rounds, lane.remaining_tokens, ctx - len(lane.tokens)) if sample else 0
         plan.lanes.append(_lane_plan(lane, n, sample, max(grant, 1) if sample else 0, decode=False))
+    # Decoding lanes get a token in every step the tick takes (prefill steps included).
+    decode_rounds = rounds if settings.tick_decode_budget else max(rounds, steps)
+    plan.decode_grant = decode_rounds
     for lane in decoding:
-        grant = max(1, min(rounds, lane.remaining_tokens, ctx - len(lane.tokens)))
+        grant = max(1, min(decode_rounds, lane.remaining_tokens, ctx - len(lane.tokens)))
         plan.lanes.append(_lane_plan(lane, 1, True, grant, decode=True))
     return plan
 
