@@ -111,6 +111,12 @@ def core_options() -> list[Option]:
                in_range(1, 60000), model_scoped=True, metavar="N"),
         Option("starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks",
                in_range(1, 100000), model_scoped=True, metavar="N"),
+        Option("pressure-high", float, 0.85, "KV pool occupancy at which cached prefixes are evicted",
+               in_range(0.05, 1.0), model_scoped=True, metavar="FRACTION"),
+        Option("pressure-low", float, 0.70, "occupancy that eviction brings the KV pool down to",
+               in_range(0.0, 1.0), model_scoped=True, metavar="FRACTION"),
+        Option("host-cache-mb", int, 1024, "host memory for prefixes evicted from the KV pool (0: none)",
+               in_range(0, 1 << 24), model_scoped=True, metavar="MB"),
         Option("threads", int, 0, "engine compute threads (0: one per physical core)", in_range(0, 512),
                model_scoped=True, metavar="N"),
         Option("log-level", str, "info", "logging level",
@@ -211,6 +217,10 @@ def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str 
         path = values.get("model") or ""
         models.insert(0, ModelConfig(name=values.get("model-name") or (_stem(path) if path else ""),
                                      path=path, engine=scoped["engine"], values=dict(scoped)))
+    for m in models:
+        if m.values["pressure-low"] >= m.values["pressure-high"]:
+            raise ConfigError(f"{source}: pressure-low ({m.values['pressure-low']}) must be below "
+                              f"pressure-high ({m.values['pressure-high']})")
     names = [m.name for m in models if m.name]
     if len(names) != len(set(names)):
         raise ConfigError(f"{source}: two models share a name: {names}")

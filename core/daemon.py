@@ -60,7 +60,8 @@ class Daemon:
             prefill_budget=mc["prefill-budget"], tick_decode_budget=mc["tick-decode-budget"],
             tick_target_ms=mc["tick-target-ms"], starvation_ticks=mc["starvation-ticks"],
             extra={k: v for k, v in mc.values.items()})
-        scheduler = Scheduler(mc.name, engine, self.hook, settings)
+        sources = [s for group in self.hook.superfluid_pressure_sources(config=self.config) for s in group or []]
+        scheduler = Scheduler(mc.name, engine, self.hook, settings, pressure_sources=sources)
         scheduler.start()
         runtime = ModelRuntime(config=mc, engine=engine, scheduler=scheduler)
         self.models[mc.name] = runtime

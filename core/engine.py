@@ -24,6 +24,8 @@ class EngineCapabilities:
     stops_mid_tick: bool = True
     uniform_decode_rounds: bool = True
     supports_parking: bool = False
+    prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
+    aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
     tick_target_busy_cap_ms: float = 250.0

@@ -17,11 +17,17 @@ from .engine import Engine
 from .errors import (ContextLengthExceeded, DeadlineExceeded, EngineFailure, ServiceUnavailable,
                      SuperfluidError)
 from .lane import Lane, LaneEvent, LaneState
+from .prefix import MIN_REUSE, HostTier, SlotCache, common_prefix
 from .request import Request
 from .textstream import TextStream
 from .tick import TickPlan, TickResult
 
 log = logging.getLogger("superfluid.scheduler")
+
+PRESSURE_CHECK_S = 0.5     # how often OS pressure sources are read
+HOST_PAUSE_S = 30.0        # after OS pressure, nothing moves to host memory for this long
+ARRIVAL_WINDOW_S = 0.010  # longest wait for a burst to arrive when the scheduler wakes from idle
+ARRIVAL_QUIET_S = 0.003   # a gap this long without a new request ends the wait
 
 
 @attrs.define
@@ -60,10 +66,18 @@ class TickStats:
     preempted: int = 0     # lanes preempted while planning this tick
     promoted: int = 0      # lanes admitted after waiting the starvation bound
     parked_bytes: int = 0  # KV bytes the engine holds parked in host memory
+    cache_hits: int = 0         # lanes seeded from the prefix cache (or a running lane) while planning
+    cache_hit_tokens: int = 0   # prompt tokens those lanes did not have to prefill
+    cached_tokens: int = 0      # tokens held as cached prefixes in free slots
+    evictions: dict = attrs.field(factory=dict)  # cached prefixes evicted, by reason
+    host_entries: int = 0       # prefixes held in host memory
+    host_bytes: int = 0
+    pressure: str = "ok"        # the worst level the pressure sources reported
 
 
 class Scheduler:
-    def __init__(self, name: str, engine: Engine, hook, settings: SchedulerSettings):
+    def __init__(self, name: str, engine: Engine, hook, settings: SchedulerSettings,
+                 pressure_sources: list | None = None):
         self.name = name
         self.engine = engine
         self.hook = hook
@@ -77,6 +91,16 @@ class Scheduler:
         self._drop_parked: list[str] = []
         self._parked: dict[str, Lane] = {}
         self._preempted = 0
+        self._arrivals = 0
+        self.cache = SlotCache()
+        self.host = HostTier(settings.extra.get("host-cache-mb", 0) << 20)
+        self.pressure_sources = list(pressure_sources or [])
+        self.pressure = "ok"
+        self._pressure_checked = 0.0
+        self._host_paused_until = 0.0
+        self._evictions: dict[str, int] = {}
+        self._hits = 0
+        self._hit_tokens = 0
         self._promoted = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -103,6 +127,7 @@ class Scheduler:
             if self._closed:
                 raise ServiceUnavailable(f"model {self.name!r} is shutting down")
             self.queue.append(lane)
+            self._arrivals += 1
             self._cv.notify()
             if self.lanes and self.hook.superfluid_should_stop_tick(lane=lane, lanes=list(self.lanes),
                                                                     settings=self.settings):
@@ -133,7 +158,7 @@ class Scheduler:
             for slot in range(self.settings.max_batch):
                 lane = by_slot.get(slot)
                 if lane is None:
-                    slots.append({"id": slot, "state": "free"})
+                    slots.append({"id": slot, "state": "free", "cached_tokens": len(self.cache.tokens(slot))})
                     continue
                 slots.append(_lane_view(slot, lane, now))
             return {"model": self.name, "slots": slots, "queued": len(self.queue),
@@ -179,6 +204,8 @@ class Scheduler:
                     self._cv.wait()
                 if self._closed and not self.lanes:
                     break
+                if not self.lanes:
+                    self._gather_arrivals()
                 self.engine.clear_stop()
                 try:
                     plan = self._plan()
@@ -200,6 +227,21 @@ class Scheduler:
                 stats = self._commit(plan, result)
             self.hook.superfluid_tick_done(model=self.name, stats=stats)
         log.info("model %s: scheduler stopped", self.name)
+
+    def _gather_arrivals(self) -> None:
+        """Waking from idle, wait a moment for requests sent together to arrive together, so their
+        prefills share the first tick instead of queueing behind one another's (a burst's requests
+        reach the scheduler a few ms apart). Costs a lone request at most ARRIVAL_WINDOW_S."""
+        deadline = time.monotonic() + ARRIVAL_WINDOW_S
+        seen = self._arrivals
+        while not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cv.wait(min(ARRIVAL_QUIET_S, left))
+            if self._arrivals == seen:  # quiet for a moment: the burst is in
+                return
+            seen = self._arrivals
 
     def _plan(self) -> TickPlan:
         now = time.monotonic()
@@ -235,8 +277,13 @@ class Scheduler:
     def _admit(self, now: float) -> None:
         """Fill free lanes in policy order; with none free, let the policy preempt for a queued lane."""
         self._expire(now)
+        waiting = self._waiting_for_shared_prefix(self.lanes) if self._free_slots else set()
         while self.queue:
-            lane = self.hook.superfluid_pick_next(queue=list(self.queue), lanes=list(self.lanes),
+            candidates = [l for l in self.queue if l not in waiting
+                          and not (self.pressure == "critical" and l.qos == "background")]
+            if not candidates:
+                return
+            lane = self.hook.superfluid_pick_next(queue=candidates, lanes=list(self.lanes),
                                                   now=now, settings=self.settings)
             if lane is None:
                 return
@@ -247,10 +294,123 @@ class Scheduler:
                     return
                 self._preempt(victim)
             self._bind(lane, now)
+            waiting |= self._waiting_for_shared_prefix([lane])
+
+    def _waiting_for_shared_prefix(self, lanes: list[Lane]) -> set[Lane]:
+        """Queued lanes whose prompt starts with a prefix one of ``lanes`` is still prefilling:
+        they wait for it and copy it, instead of prefilling the same tokens again."""
+        if not self.engine.capabilities.prefix_cache:
+            return set()
+        donors = [l for l in lanes if l.is_prefilling and l.n_cached < l.n_prompt]
+        waiting = set()
+        for lane in self.queue if donors else ():
+            if lane.parked is not None:
+                continue
+            head = lane.tokens[:MIN_REUSE]
+            for donor in donors:
+                if donor.tokens[:MIN_REUSE] != head:  # cheap reject before the full comparison
+                    continue
+                shared = min(common_prefix(donor.tokens[:donor.n_prompt], lane.tokens), lane.n_prompt - 1)
+                if shared >= MIN_REUSE and donor.n_cached < shared:
+                    waiting.add(lane)
+                    break
+        return waiting
+
+    def _seed(self, lane: Lane) -> int:
+        """Pick the lane's slot and seed it from the prefix cache or a running lane; the slot."""
+        free = self._free_slots
+        if lane.parked is not None or not self.engine.capabilities.prefix_cache:
+            slot, reuse = self.cache.best_slot([], free)[0], 0
+        else:
+            slot, reuse = self.cache.best_slot(lane.tokens, free)
+            for donor in self.lanes:  # a running lane's KV may hold more of this prompt
+                source = _kv_source(donor)
+                if source is None:
+                    continue
+                shared = min(common_prefix(donor.tokens[:donor.n_cached], lane.tokens), len(lane.tokens) - 1)
+                if shared > reuse and shared >= MIN_REUSE:
+                    reuse, lane.copy_from = shared, source
+            if lane.copy_from is not None and reuse < MIN_REUSE:
+                lane.copy_from = None
+            if self.host.limit:  # a host-memory prefix may hold more of it
+                key, shared = self.host.best(lane.tokens)
+                if key is not None and shared > reuse and shared >= MIN_REUSE:
+                    reuse, lane.restore_prefix, lane.copy_from = shared, key, None
+                    self.host.touch(key)
+        old = self.cache.tokens(slot)
+        if old and (reuse == 0 or lane.copy_from is not None or lane.restore_prefix is not None):
+            self._evict_to_host(slot, old, "slot_reuse")  # this slot's cache is about to be overwritten
+        free.remove(slot)
+        self.cache.forget(slot)
+        if reuse:
+            lane.n_cached = reuse
+            lane.n_reused += reuse
+            self._hits += 1
+            self._hit_tokens += reuse
+        return slot
+
+    def _host_open(self) -> bool:
+        """Nothing moves to host memory for a while after OS memory pressure."""
+        return self.engine.capabilities.supports_parking and time.monotonic() >= self._host_paused_until
+
+    def _evict_to_host(self, slot: int, tokens: list[int], reason: str) -> None:
+        """Move a free slot's cached prefix to the host tier (or just let it go)."""
+        key = self.host.add(tokens) if self._host_open() else None
+        if key is not None:
+            self._park.append((slot, key))
+        self._evictions[reason] = self._evictions.get(reason, 0) + 1
+
+    def _relieve_pressure(self, used: int, capacity: int) -> None:
+        """Watermarks: at --pressure-high occupancy evict cached prefixes (least recently used
+        first) down to --pressure-low. Live lanes are never evicted."""
+        high, low = self.settings.extra.get("pressure-high", 0.85), self.settings.extra.get("pressure-low", 0.70)
+        if not capacity or used / capacity < high:
+            return
+        for slot in self.cache.lru_slots():
+            if used / capacity <= low:
+                break
+            tokens = self.cache.tokens(slot)
+            self._evict_to_host(slot, tokens, "watermark")
+            self.cache.forget(slot)
+            self._release.append(slot)
+            used -= len(tokens)
+
+    def _check_pressure(self, now: float) -> None:
+        """OS pressure: a warning runs one eviction round, critical also preempts every decoding
+        background lane. Either drops the host-memory prefixes first and keeps the host tier
+        closed for a while."""
+        if not self.pressure_sources or now - self._pressure_checked < PRESSURE_CHECK_S:
+            return
+        self._pressure_checked = now
+        levels = []
+        for source in self.pressure_sources:
+            try:
+                levels.append(source.level())
+            except Exception:  # a broken source must not stop the model
+                log.exception("model %s: pressure source %r failed", self.name, source)
+        self.pressure = "critical" if "critical" in levels else "warning" if "warning" in levels else "ok"
+        if self.pressure == "ok":
+            return
+        log.warning("model %s: OS memory pressure %s: evicting cached prefixes", self.name, self.pressure)
+        self._host_paused_until = now + HOST_PAUSE_S
+        dropped = self.host.clear()
+        self._drop_parked.extend(dropped)
+        if dropped:
+            self._evictions["host_os_pressure"] = self._evictions.get("host_os_pressure", 0) + len(dropped)
+        slots = self.cache.lru_slots()
+        for slot in slots:
+            self.cache.forget(slot)
+            self._release.append(slot)
+        if slots:
+            self._evictions["os_pressure"] = self._evictions.get("os_pressure", 0) + len(slots)
+        if self.pressure == "critical":
+            for lane in [l for l in self.lanes if l.qos == "background" and not l.is_prefilling
+                         and not l.pinned]:
+                self._preempt(lane)
 
     def _bind(self, lane: Lane, now: float) -> None:
         self.queue.remove(lane)
-        lane.slot = self._free_slots.pop()
+        lane.slot = self._seed(lane)
         lane.state = LaneState.PREFILLING
         lane.needs_reset = True
         if lane.waited_ticks >= self.settings.starvation_ticks:
@@ -270,8 +430,7 @@ class Scheduler:
     def _preempt(self, lane: Lane) -> None:
         """Stop a running lane and requeue it at the head of its class; park its KV if allowed."""
         slot = lane.slot
-        if (self.settings.extra.get("park") and self.engine.capabilities.supports_parking
-                and lane.n_cached > 0):
+        if self.settings.extra.get("park") and self._host_open() and lane.n_cached > 0:
             key = f"{lane.id}#{lane.preemptions}"
             self._park.append((slot, key))
             self._parked[key] = lane
@@ -284,7 +443,9 @@ class Scheduler:
         self.lanes.remove(lane)
         self._free_slots.append(slot)
         self._release.append(slot)
+        self.cache.forget(slot)
         lane.slot = None
+        lane.copy_from = None
         self.queue.insert(0, lane)
         self._preempted += 1
         log.info("model %s: preempted %s (%s)%s", self.name, lane.id, lane.qos,
@@ -321,6 +482,8 @@ class Scheduler:
                 continue
             lane.needs_reset = False
             lane.restore = None
+            lane.copy_from = None
+            lane.restore_prefix = None
             res = result.lanes.get(lp.slot)
             if res is None:
                 continue
@@ -340,11 +503,20 @@ class Scheduler:
             finished.append(lane)
         for key, size in result.parked.items():
             lane = self._parked.get(key)
-            if size == 0 and lane is not None:  # parking failed: it will prefill again
+            if lane is None:
+                self.host.parked(key, size)
+            elif size == 0:  # parking failed: it will prefill again
                 self._parked.pop(key)
                 lane.parked, lane.parked_tokens = None, 0
-        preempted, promoted = self._preempted, self._promoted
-        self._preempted = self._promoted = 0
+        dropped = self.host.trim()
+        if dropped:
+            self._drop_parked.extend(dropped)
+            self._evictions["host_lru"] = self._evictions.get("host_lru", 0) + len(dropped)
+        self._check_pressure(now)  # first: under OS pressure nothing may move to host memory
+        self._relieve_pressure(result.kv_used, result.kv_capacity)
+        evictions, self._evictions = self._evictions, {}
+        preempted, promoted, hits, hit_tokens = self._preempted, self._promoted, self._hits, self._hit_tokens
+        self._preempted = self._promoted = self._hits = self._hit_tokens = 0
         return TickStats(
             model=self.name, seconds=result.seconds, prefill_tokens=prefilled,
             decode_tokens=decode_tokens, prefill_budget=plan.prefill_budget,
@@ -353,7 +525,10 @@ class Scheduler:
             stopped_early=result.stopped_early, kv_used=result.kv_used,
             kv_capacity=result.kv_capacity, first_tokens=first_tokens, finished=finished,
             queue_by_class=_count_by_class(self.queue), lanes_by_class=_count_by_class(self.lanes),
-            preempted=preempted, promoted=promoted, parked_bytes=result.parked_bytes)
+            preempted=preempted, promoted=promoted, parked_bytes=result.parked_bytes,
+            cache_hits=hits, cache_hit_tokens=hit_tokens, cached_tokens=self.cache.cached_tokens(),
+            evictions=evictions, host_entries=len(self.host), host_bytes=self.host.bytes,
+            pressure=self.pressure)
 
     def _take_tokens(self, lane: Lane, tokens: list[int], eog: bool, now: float,
                      first_tokens: list) -> bool:
@@ -395,9 +570,10 @@ class Scheduler:
         lane.state = state
         lane.finish_reason = reason
         lane.finished_at = time.monotonic()
-        self._drop(lane)
+        self._drop(lane, keep_kv=True)
         self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason,
                                    prompt_tokens=lane.n_prompt, completion_tokens=lane.n_output,
+                                   cached_tokens=min(lane.n_reused, lane.n_prompt),
                                    timings=_timings(lane)))
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 
@@ -409,13 +585,18 @@ class Scheduler:
         self._emit(lane, LaneEvent("error", lane.id, error=exc, timings=_timings(lane)))
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 
-    def _drop(self, lane: Lane) -> None:
+    def _drop(self, lane: Lane, keep_kv: bool = False) -> None:
+        """Free the lane's slot. With ``keep_kv`` its KV stays as a cached prefix for later lanes."""
         self._forget_parked(lane)
         if lane in self.lanes:
             self.lanes.remove(lane)
         if lane.slot is not None:
             self._free_slots.append(lane.slot)
-            self._release.append(lane.slot)
+            if keep_kv and self.engine.capabilities.prefix_cache and not lane.needs_reset:
+                self.cache.store(lane.slot, lane.tokens[:lane.n_cached])
+            else:
+                self.cache.forget(lane.slot)
+                self._release.append(lane.slot)
             lane.slot = None
 
     def _policy_failed(self, exc: Exception) -> None:
@@ -426,6 +607,8 @@ class Scheduler:
             self._fail(lane, error)
 
     def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
+        self.cache = SlotCache()  # whatever the engine held may be gone
+        self.host.clear()
         error = exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}")
         for lane in list(self.lanes):
             self._fail(lane, error)
@@ -436,6 +619,16 @@ class Scheduler:
             lane.request.sink(event)
         except Exception:  # a broken sink must not stop the scheduler
             log.exception("sink of %s failed", lane.id)
+
+
+def _kv_source(lane: Lane) -> int | None:
+    """The slot whose KV holds ``lane.tokens[:lane.n_cached]`` when the next tick starts (copies
+    are made then): its own slot, unless it is itself being copied in or restored this tick."""
+    if not lane.needs_reset:
+        return lane.slot
+    if lane.restore is not None:
+        return None
+    return lane.copy_from if lane.copy_from is not None else lane.slot
 
 
 def _count_by_class(lanes: list[Lane]) -> dict[str, int]:

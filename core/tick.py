@@ -14,8 +14,10 @@ class LanePlan:
     The engine appends ``feed`` to the slot's KV at positions ``pos, pos+1, …``. If ``sample`` is
     set the feed reaches the end of the lane's tokens: the engine samples after it and then runs up
     to ``max_new - 1`` more decode rounds, feeding back each sampled token, stopping early at an
-    end-of-generation token unless ``ignore_eos``. ``reset`` clears the slot and starts a fresh
-    sampler from ``sampling`` first."""
+    end-of-generation token unless ``ignore_eos``. ``reset`` starts a fresh sampler from
+    ``sampling`` and first sets up the slot's KV: restored from ``restore``, copied from slot
+    ``copy_from``, or the slot's own; in every case only its first ``pos`` tokens are kept
+    (``pos`` 0: the slot is cleared)."""
 
     slot: int
     pos: int
@@ -27,6 +29,8 @@ class LanePlan:
     ignore_eos: bool = False
     decode: bool = False  # the feed is the lane's own last sampled token (already seen by its sampler)
     restore: str | None = None  # after the reset, load this parked KV into the slot (it holds ``pos`` tokens)
+    copy_from: int | None = None  # at the reset, copy that slot's KV and keep its first ``pos`` tokens
+    keep_parked: bool = False  # ``restore`` a cached prefix: leave it parked for other lanes
     history: list[int] | None = None  # tokens already in the KV, for a fresh penalty sampler
 
 

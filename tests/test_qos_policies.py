@@ -100,8 +100,12 @@ def measured(prefill: float | None = None, decode: dict[int, float] | None = Non
     return cm
 
 
-def plan(lanes, costs, queue=(), **kw):
-    return planner.plan_tick(list(lanes), list(queue), costs, CAPS, settings(**kw))
+def plan(lanes, costs, queue=(), caps=CAPS, **kw):
+    return planner.plan_tick(list(lanes), list(queue), costs, caps, settings(**kw))
+
+
+# An engine whose tick length matters (a native engine): the 8 s and 0.5 s caps apply as they are.
+NATIVE = EngineCapabilities(max_lanes=8, context_length=4096, uniform_decode_rounds=False)
 
 
 def grants(p, lanes) -> dict[Lane, object]:
@@ -422,14 +426,14 @@ def test_a_finishing_lane_brings_back_the_half_second_cap():
     rate = 0.0004
     decode = {7: 1 / 64}                        # 0.25 s busy target → 16 rounds
     busy = [prefilling("agent", prompt=3000)] + [decoding("agent", max_tokens=1000) for _ in range(7)]
-    p = plan(busy, measured(prefill=rate, decode=decode), prefill_budget=4096)
+    p = plan(busy, measured(prefill=rate, decode=decode), prefill_budget=4096, caps=NATIVE)
     assert p.prefill_budget == 4096            # 8 s cap: 20000 tokens
     finishing = busy[:-1] + [decoding("agent", generated=5, max_tokens=5 + 16)]   # 16 left ≤ 16 rounds
-    p = plan(finishing, measured(prefill=rate, decode=decode), prefill_budget=4096)
+    p = plan(finishing, measured(prefill=rate, decode=decode), prefill_budget=4096, caps=NATIVE)
     assert p.prefill_budget == 1024            # 0.5 s: 1250 → 1024
     assert p.target_s == pytest.approx(CAPS.tick_target_free_ms / 1000.0)
     not_yet = busy[:-1] + [decoding("agent", generated=5, max_tokens=5 + 17)]
-    assert plan(not_yet, measured(prefill=rate, decode=decode), prefill_budget=4096).prefill_budget == 4096
+    assert plan(not_yet, measured(prefill=rate, decode=decode), prefill_budget=4096, caps=NATIVE).prefill_budget == 4096
 
 
 def test_configured_budget_below_the_cap_is_kept():
@@ -515,8 +519,10 @@ def test_prefill_order_starving_then_class_then_shortest():
     ag_partly = prefilling("agent", prompt=400, cached=350)   # 50 left: shortest *remaining*
     bg = prefilling("background", prompt=5, waited=7)           # one tick short of starving
     lanes = [bg, ag_short, chat_long, bg_starving_long, fim, ag_partly, chat_short, ag_starving]
+    # starvation ages a lane one class per period: the agent starved two periods ranks with
+    # interactive (and first among them); the background lane starved one ranks with agents
     assert planner.prefill_order(lanes, s) == [
-        ag_starving, bg_starving_long, chat_short, chat_long, fim, ag_partly, ag_short, bg]
+        ag_starving, chat_short, chat_long, fim, bg_starving_long, ag_partly, ag_short, bg]
 
 
 def test_plan_gives_budget_in_prefill_order():
@@ -562,18 +568,18 @@ def test_finishing_interactive_prompt_prefills_nothing_lower_beside_it():
 
 def test_finishing_completion_prompt_keeps_interactive_but_drops_lower():
     costs = measured(prefill=1e-5)
-    fim = prefilling("completion", prompt=100, waited=8)   # starving: first, and finishes
-    ag = prefilling("agent", prompt=200, waited=8)         # starving: second, would finish too
+    fim = prefilling("completion", prompt=100, waited=8)   # starving: ranks with interactive, finishes
+    ag = prefilling("agent", prompt=200, waited=8)         # starving: ranks with completion
     chat = prefilling("interactive", prompt=3000)          # partly prefilled with the rest
     lanes = [chat, ag, fim]
     p = plan(lanes, costs, prefill_budget=1000, starvation_ticks=8)
-    assert fed(p, lanes) == [(fim, 100), (chat, 700)]
+    assert fed(p, lanes) == [(fim, 100), (chat, 900)]
     assert ag not in grants(p, lanes)
 
 
 def test_urgent_prompt_not_finishing_leaves_lower_prefill_alone():
     costs = measured(prefill=1e-5)
-    ag = prefilling("agent", prompt=200, waited=8)    # starving: first
+    ag = prefilling("agent", prompt=200, waited=16)   # starved two periods: ranks with interactive
     chat = prefilling("interactive", prompt=3000)     # does not finish within the budget
     lanes = [chat, ag]
     p = plan(lanes, costs, prefill_budget=1000, starvation_ticks=8)
@@ -810,3 +816,17 @@ def test_class_lanes_option_declared_model_scoped_with_parser():
     opt = next(o for o in options.OPTIONS if o.name == "class-lanes")
     assert opt.model_scoped and opt.default == {}
     assert opt.parse("background=2") == {"background": 2}
+
+
+def test_streaming_lanes_keep_uniform_engine_ticks_near_the_target():
+    """On llama.cpp/MLX tokens reach clients at tick ends and cutting ticks costs nothing, so with
+    lanes decoding a tick's prefill is held near the tick target (at least one engine step)."""
+    rate = 0.0004
+    decode = {7: 1 / 64}
+    busy = [prefilling("agent", prompt=3000)] + [decoding("agent", max_tokens=1000) for _ in range(7)]
+    p = plan(busy, measured(prefill=rate, decode=decode), prefill_budget=4096)
+    assert abs(p.prefill_budget - max(p.step_tokens, BUSY_TARGET_S / rate)) <= 1  # float rounding
+    assert p.prefill_tokens <= p.prefill_budget
+    # without decoding lanes nothing streams: the 8 s cap applies
+    p = plan([prefilling("agent", prompt=3000) for _ in range(8)], measured(prefill=rate), prefill_budget=4096)
+    assert p.prefill_budget == 4096

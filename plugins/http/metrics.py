@@ -41,6 +41,21 @@ class Metrics:
                                   "Lanes admitted after waiting the starvation bound", ["model"], registry=r)
         self.parked_bytes = Gauge("superfluid_parked_kv_bytes", "KV parked in host memory by preempted lanes",
                                   ["model"], registry=r)
+        self.cache_hits = Counter("superfluid_prefix_cache_hits", "Lanes seeded from a cached prefix",
+                                  ["model"], registry=r)
+        self.cache_hit_tokens = Counter("superfluid_prefix_cache_hit_tokens",
+                                        "Prompt tokens taken from cached prefixes instead of prefilled",
+                                        ["model"], registry=r)
+        self.cached_tokens = Gauge("superfluid_prefix_cache_tokens", "Tokens held as cached prefixes in free slots",
+                                   ["model"], registry=r)
+        self.evictions = Counter("superfluid_prefix_evictions", "Cached prefixes evicted from the KV pool",
+                                 ["model", "reason"], registry=r)
+        self.host_bytes = Gauge("superfluid_host_cache_bytes", "Prefixes held in host memory (bytes)",
+                                ["model"], registry=r)
+        self.host_entries = Gauge("superfluid_host_cache_entries", "Prefixes held in host memory",
+                                  ["model"], registry=r)
+        self.pressure = Gauge("superfluid_memory_pressure_level", "Memory pressure: 0 ok, 1 warning, 2 critical",
+                              ["model"], registry=r)
         self.kv_used = Gauge("superfluid_kv_cells_used", "KV cells in use", ["model"], registry=r)
         self.kv_capacity = Gauge("superfluid_kv_cells_capacity", "KV cells in the pool", ["model"], registry=r)
         self.kv_occupancy = Gauge("superfluid_kv_pool_occupancy", "KV pool occupancy (0..1)", ["model"], registry=r)
@@ -66,6 +81,15 @@ class Metrics:
         if stats.promoted:
             self.promotions.labels(model).inc(stats.promoted)
         self.parked_bytes.labels(model).set(stats.parked_bytes)
+        if stats.cache_hits:
+            self.cache_hits.labels(model).inc(stats.cache_hits)
+            self.cache_hit_tokens.labels(model).inc(stats.cache_hit_tokens)
+        self.cached_tokens.labels(model).set(stats.cached_tokens)
+        for reason, count in stats.evictions.items():
+            self.evictions.labels(model, reason).inc(count)
+        self.host_bytes.labels(model).set(stats.host_bytes)
+        self.host_entries.labels(model).set(stats.host_entries)
+        self.pressure.labels(model).set({"warning": 1, "critical": 2}.get(stats.pressure, 0))
         self.kv_used.labels(model).set(stats.kv_used)
         self.kv_capacity.labels(model).set(stats.kv_capacity)
         if stats.kv_capacity:

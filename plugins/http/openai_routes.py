@@ -254,7 +254,8 @@ class _Shape:
 
     def _usage(self, event) -> dict:
         return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-                "total_tokens": event.prompt_tokens + event.completion_tokens}
+                "total_tokens": event.prompt_tokens + event.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
 
     def whole(self, text: str, event) -> dict:
         if self.kind == "infill":

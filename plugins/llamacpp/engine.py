@@ -45,9 +45,13 @@ class LlamaCppEngine(Engine):
         self.capabilities = EngineCapabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, prefill_step_tokens=512,
+            aborts_mid_step=True,
+            prefix_cache=not self.vocab.shared_pool,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self._mp = mp.get_context("spawn")
-        self._stop = self._mp.RawValue("b", 0)
+        # The stop flag: byte 0 is the flag, byte 1 stays 0 (the worker's abort check reads it as
+        # a C string, see worker.abort_on_flag).
+        self._stop = self._mp.RawArray("b", 2)
         self._proc = None
         self._conn = None
         self.worker_info: dict = {}
@@ -137,10 +141,10 @@ class LlamaCppEngine(Engine):
     # ---- ticks ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        self._stop.value = 1
+        self._stop[0] = 1
 
     def clear_stop(self) -> None:
-        self._stop.value = 0
+        self._stop[0] = 0
 
     def run_tick(self, plan: TickPlan) -> TickResult:
         conn = self._conn

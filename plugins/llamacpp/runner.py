@@ -91,11 +91,29 @@ class TickRunner:
         self.parked[key] = buf
         return n
 
-    def restore(self, slot: int, key: str) -> bool:
-        buf = self.parked.pop(key, None)
+    def restore(self, slot: int, key: str, keep: bool = False) -> bool:
+        """Load parked KV into a slot; ``keep`` leaves it parked for other lanes (a cached prefix)."""
+        buf = self.parked.get(key) if keep else self.parked.pop(key, None)
         if buf is None:
             return False
         return llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(buf), slot) > 0
+
+    def _seed(self, lp: LanePlan) -> bool:
+        """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
+        slot = lp.slot
+        free_sampler(self.samplers.pop(slot, None))
+        self.penalized.discard(slot)
+        self.greedy.discard(slot)
+        if lp.restore is not None:
+            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            if not self.restore(slot, lp.restore, keep=lp.keep_parked):
+                return False
+        elif lp.copy_from is not None:
+            # Across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut.
+            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, lp.pos, -1)
+        return lp.pos == 0 or llama_cpp.llama_memory_seq_pos_max(self.mem, slot) == lp.pos - 1
 
     def run(self, plan: TickPlan) -> TickResult:
         t_start = time.perf_counter()
@@ -109,8 +127,7 @@ class TickRunner:
         work: list[_Work] = []
         for lp in plan.lanes:
             if lp.reset:
-                self._clear(lp.slot)
-                if lp.restore is not None and not self.restore(lp.slot, lp.restore):
+                if not self._seed(lp):
                     self._clear(lp.slot)
                     result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
                     continue
@@ -128,10 +145,13 @@ class TickRunner:
 
         active = [w for w in work if w.feed]
         while active:
-            if self.stop_flag.value:
+            if self.stop_flag[0]:
                 result.stopped_early = True
                 break
             step = self._step(active, plan.step_tokens)
+            if step is None:  # aborted mid-step by the stop flag: nothing of it was kept
+                result.stopped_early = True
+                break
             result.steps.append(step)
             if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
                 result.stopped_early = any(w.feed for w in active)
@@ -145,7 +165,7 @@ class TickRunner:
         result.kv_capacity = self.kv_capacity
         return result
 
-    def _step(self, active: list[_Work], limit: int) -> StepTiming:
+    def _step(self, active: list[_Work], limit: int) -> StepTiming | None:
         """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
         batch = self.batch
         singles = sum(len(w.feed) == 1 for w in active)
@@ -184,6 +204,8 @@ class TickRunner:
         batch.n_tokens = n
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self.ctx, batch)
+        if rc == 2 and self.stop_flag[0]:
+            return None
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
         for w, first, count in taken:

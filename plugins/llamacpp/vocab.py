@@ -16,6 +16,10 @@ from superfluid.core.engine import ModelInfo
 from superfluid.core.errors import ConfigError
 
 
+RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1",
+                   "granitehybrid", "lfm2", "plamo2", "nemotron_h", "qwen3next"}
+
+
 class Vocab:
     def __init__(self, path: str, name: str):
         # llama.cpp's loader prints every metadata key; keep the daemon's terminal readable.
@@ -28,6 +32,11 @@ class Vocab:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.info = self._read_info(path, name)
+        arch = self._meta("general.architecture") or ""
+        # Sliding-window and recurrent models share one KV pool and cannot cut a sequence's
+        # cache at an arbitrary position, so their slots are not reused as prefixes.
+        self.shared_pool = (self._meta(f"{arch}.attention.sliding_window") is not None
+                            or arch in RECURRENT_ARCHS)
 
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)

@@ -41,6 +41,23 @@ def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: in
     return n_seq, max(cells, max_context), True
 
 
+def abort_on_flag(cparams, stop_flag) -> None:
+    """Make llama.cpp abort a running ``llama_decode`` as soon as the stop flag is set.
+
+    ggml asks the abort callback between graph nodes, hundreds of times a step, so a Python
+    callback would cost milliseconds per step. libc's ``strlen`` is a C function of the right
+    shape: on the flag's two bytes (flag, 0) it returns 1 when the flag is set and 0 when it is
+    not, read fresh from shared memory each time. An aborted step leaves the KV as it was."""
+    import ctypes
+    import ctypes.util
+
+    import llama_cpp
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    cparams.abort_callback = ctypes.cast(libc.strlen, llama_cpp.ggml_abort_callback)
+    cparams.abort_callback_data = ctypes.cast(stop_flag, ctypes.c_void_p)
+
+
 def main(conn, stop_flag, spec: WorkerSpec) -> None:
     """Worker entry point (spawned). Messages: ("tick", plan) → ("ok", result) | ("error", text);
     ("close",) ends the process."""
@@ -88,6 +105,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     cparams.n_threads = spec.threads
     cparams.n_threads_batch = spec.threads
     cparams.no_perf = True
+    abort_on_flag(cparams, stop_flag)
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))

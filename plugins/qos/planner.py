@@ -11,8 +11,8 @@ from superfluid.core import qos
 from superfluid.core.lane import Lane
 from superfluid.core.tick import LanePlan, TickPlan
 
-STEP_TARGET_S = 0.25            # one engine step's work, so an early stop lands within this
-MIN_STEP = 64
+STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
+MIN_STEP = 128                  # (engines that cannot abort a step in flight)
 PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
 PREFILL_CAP_BUSY_S = 8.0
 CHUNK = 512                     # whole chunks of this size ...
@@ -48,6 +48,8 @@ def step_tokens(costs, capabilities) -> int:
     """Tokens per engine step: the engine's micro-batch, smaller on a model so slow (or a context so
     long) that one would take more than STEP_TARGET_S, so a stop request never waits long."""
     full = max(capabilities.prefill_step_tokens, 1)
+    if capabilities.aborts_mid_step:
+        return full
     fit = int(STEP_TARGET_S / max(costs.prefill_per_token(), 1e-7))
     if fit >= full:
         return full
@@ -55,10 +57,14 @@ def step_tokens(costs, capabilities) -> int:
 
 
 def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
-    """Starving lanes first, then by class, then shortest remaining prompt first."""
+    """Starving lanes first, then by class, then shortest remaining prompt first.
+
+    Starvation ages a lane the way it ages a queued job: one class up per ``starvation_ticks``
+    ticks without prefill. So an agent lane starved behind other agents goes first among them, yet
+    a chat that just arrived (interactive) is not pushed behind agents that starved before it came."""
     def key(lane: Lane):
-        starving = lane.waited_ticks >= settings.starvation_ticks
-        return (0 if starving else 1, qos.priority(lane.qos), lane.to_feed)
+        rise = lane.waited_ticks // max(settings.starvation_ticks, 1)
+        return (max(0, qos.priority(lane.qos) - rise), -rise, lane.to_feed)
     return sorted(lanes, key=key)
 
 
@@ -74,8 +80,13 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     admitting = len(lanes) < settings.max_batch or finishing
     target = tick_target_s(lanes, capabilities, settings, admitting)
 
-    plan = TickPlan(target_s=target)
+    plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities))
     budget = prefill_budget(costs, capabilities, settings, admitting)
+    if decoding and capabilities.uniform_decode_rounds:
+        # Tokens reach clients only when a tick ends. Where cutting ticks short costs nothing
+        # (llama.cpp, MLX), keep them near the target while lanes stream: one step at least.
+        streaming = max(plan.step_tokens, int(target / max(costs.prefill_per_token(), 1e-7)))
+        budget = min(budget, streaming)
     plan.prefill_budget = budget
     left = budget
     chunks: list[tuple[Lane, int]] = []
@@ -92,7 +103,6 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
         chunks = [(l, n) for l, n in chunks if qos.priority(l.qos) <= floor]
 
     prefill_total = sum(n for _, n in chunks)
-    plan.step_tokens = step_tokens(costs, capabilities)
     steps = math.ceil(prefill_total / plan.step_tokens) if prefill_total else 0
     rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
@@ -121,9 +131,11 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
 def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> LanePlan:
     req = lane.request
     reset = lane.needs_reset
-    restore = lane.restore if reset else None
-    history = lane.tokens[:lane.n_cached] if restore and req.sampling.uses_penalties else None
+    history = lane.tokens[:lane.n_cached] if reset and lane.n_cached and req.sampling.uses_penalties else None
     return LanePlan(slot=lane.slot, pos=lane.n_cached, feed=lane.tokens[lane.n_cached:lane.n_cached + n],
                     sample=sample, max_new=max_new, reset=reset,
                     sampling=req.sampling if reset else None, ignore_eos=req.ignore_eos,
-                    decode=decode and not reset, restore=restore, history=history)
+                    decode=decode and not reset,
+                    restore=(lane.restore or lane.restore_prefix) if reset else None,
+                    keep_parked=reset and lane.restore is None and lane.restore_prefix is not None,
+                    copy_from=lane.copy_from if reset else None, history=history)

@@ -1,0 +1,144 @@
+"""The prefix cache: which free slot's KV already holds the start of a new prompt.
+
+A finished lane leaves its KV in its slot. When a new lane is admitted, the slot (or running
+lane) whose tokens share the longest prefix with its prompt seeds it, and only the rest is
+prefilled. A prompt that shares a long prefix with one still being prefilled waits for it
+instead of prefilling the same tokens again."""
+
+from __future__ import annotations
+
+import time
+
+MIN_REUSE = 16  # shorter shared prefixes are not worth a copy
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix (slice comparisons run in C: O(n log n))."""
+    lo, hi = 0, min(len(a), len(b))
+    if hi and a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo], a[:hi+1] != b[:hi+1]
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class SlotCache:
+    """The tokens each free slot's KV still holds, with last-use times for LRU choice."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, list[int]] = {}
+        self._used: dict[int, float] = {}
+
+    def store(self, slot: int, tokens: list[int]) -> None:
+        if tokens:
+            self._tokens[slot] = tokens
+            self._used[slot] = time.monotonic()
+        else:
+            self.forget(slot)
+
+    def forget(self, slot: int) -> None:
+        self._tokens.pop(slot, None)
+        self._used.pop(slot, None)
+
+    def tokens(self, slot: int) -> list[int]:
+        return self._tokens.get(slot, [])
+
+    def cached_tokens(self) -> int:
+        return sum(len(t) for t in self._tokens.values())
+
+    def lru_slots(self) -> list[int]:
+        """Slots holding a cached prefix, least recently used first."""
+        return sorted(self._tokens, key=lambda s: self._used.get(s, 0.0))
+
+    def best_slot(self, prompt: list[int], free_slots: list[int]) -> tuple[int, int]:
+        """(slot, reusable tokens): the free slot sharing the longest prefix with ``prompt``; with
+        none worth reusing, an empty slot or else the least recently used cache."""
+        best, best_n = None, 0
+        limit = len(prompt) - 1  # at least one token is fed, so there are logits to sample
+        for slot in free_slots:
+            n = min(common_prefix(self._tokens.get(slot, []), prompt), limit)
+            if n > best_n:
+                best, best_n = slot, n
+        if best is not None and best_n >= MIN_REUSE:
+            return best, best_n
+        empty = [s for s in free_slots if s not in self._tokens]
+        if empty:
+            return empty[-1], 0
+        return min(free_slots, key=lambda s: self._used.get(s, 0.0)), 0
+
+
+MIN_HOST_TOKENS = 64  # shorter prefixes are cheaper to prefill again than to keep
+
+
+class HostTier:
+    """Prefixes evicted from the KV pool, kept in host memory (as the engine's parked KV) so the
+    next request that shares one imports it instead of prefilling. Bounded in bytes, LRU."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit = limit_bytes
+        self._entries: dict[str, list] = {}  # key -> [tokens, bytes, last use]
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return sum(e[1] for e in self._entries.values())
+
+    def add(self, tokens: list[int]) -> str | None:
+        """A key to park a prefix under, or None if it is not worth keeping."""
+        if self.limit <= 0 or len(tokens) < MIN_HOST_TOKENS:
+            return None
+        self._next += 1
+        key = f"prefix-{self._next}"
+        self._entries[key] = [list(tokens), 0, time.monotonic()]
+        return key
+
+    def parked(self, key: str, size: int) -> None:
+        """The engine reported the bytes it holds for ``key`` (0: it could not park it)."""
+        if key not in self._entries:
+            return
+        if size <= 0:
+            del self._entries[key]
+        else:
+            self._entries[key][1] = size
+
+    def best(self, prompt: list[int]) -> tuple[str | None, int]:
+        best, best_n = None, 0
+        limit = len(prompt) - 1
+        head = prompt[:MIN_REUSE]
+        for key, (tokens, size, _) in self._entries.items():
+            if tokens[:MIN_REUSE] != head:  # cheap reject: nothing worth reusing
+                continue
+            n = min(common_prefix(tokens, prompt), limit)
+            if n > best_n:
+                best, best_n = key, n
+        return best, best_n
+
+    def touch(self, key: str) -> None:
+        """The entry was imported: it becomes the most recently used."""
+        if key in self._entries:
+            self._entries[key][2] = time.monotonic()
+
+    def trim(self) -> list[str]:
+        """Keys to drop (least recently used first) until the tier fits its limit."""
+        dropped = []
+        total = self.bytes
+        for key, (_, size, _) in sorted(self._entries.items(), key=lambda kv: kv[1][2]):
+            if total <= self.limit:
+                break
+            dropped.append(key)
+            total -= size
+        for key in dropped:
+            del self._entries[key]
+        return dropped
+
+    def clear(self) -> list[str]:
+        keys = list(self._entries)
+        self._entries.clear()
+        return keys

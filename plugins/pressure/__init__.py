@@ -1,0 +1,23 @@
+"""OS memory pressure as a pressure source (``--os-pressure``, on by default).
+
+Linux reads PSI (``/proc/pressure/memory``) and available memory (psutil); macOS reads
+``kern.memorystatus_vm_pressure_level``. Another plugin can add sources of its own through
+``superfluid_pressure_sources``; ``--no-os-pressure`` turns this one off."""
+
+from __future__ import annotations
+
+from superfluid.core.config import Option
+from superfluid.core.hookspecs import hookimpl
+
+from .sources import OsPressure
+
+
+@hookimpl
+def superfluid_add_config(schema):
+    schema.add(Option("os-pressure", bool, True, "evict cached prefixes (and, when critical, preempt "
+                      "decoding background lanes) under OS memory pressure"))
+
+
+@hookimpl
+def superfluid_pressure_sources(config):
+    return [OsPressure()] if config["os-pressure"] else []
