@@ -234,7 +234,7 @@ class Scheduler:
         reach the scheduler a few ms apart). Costs a lone request at most ARRIVAL_WINDOW_S."""
         deadline = time.monotonic() + ARRIVAL_WINDOW_S
         seen = self._arrivals
-        while not self._closed:
+        while not self._closed and not any(l.request.start_deadline for l in self.queue):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
