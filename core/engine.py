@@ -83,6 +83,11 @@ class Engine(abc.ABC):
     def close(self) -> None:
         ...
 
+    def restart(self, progress: Callable[[str], None] | None = None) -> None:
+        """Start the engine afresh after it crashed (its KV, parked state included, is gone).
+        Engines that cannot restart leave this as is: their lanes fail instead."""
+        raise NotImplementedError
+
     def describe(self) -> dict:
         """Extra facts for /health (worker pid, state)."""
         return {}

@@ -67,3 +67,7 @@ class EngineFailure(SuperfluidError):
 
 class ConfigError(Exception):
     """A configuration key or value is wrong; the message names the key and where it came from."""
+
+
+class EngineCrashed(EngineFailure):
+    """The engine's process died; its KV is gone but the engine can be restarted."""

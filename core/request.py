@@ -57,6 +57,7 @@ class Request:
     batch_invariant: bool = False
     media: bool = False  # bound media (images, audio): never preempted
     start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
+    reuse_prefix: bool = True  # may be seeded from the prefix cache (llama.cpp's cache_prompt)
     id: str = attrs.field(factory=new_request_id)
     arrived: float = attrs.field(factory=time.monotonic)
     meta: dict = attrs.field(factory=dict)

@@ -14,8 +14,8 @@ import attrs
 
 from .costs import CostModel
 from .engine import Engine
-from .errors import (ContextLengthExceeded, DeadlineExceeded, EngineFailure, ServiceUnavailable,
-                     SuperfluidError)
+from .errors import (ContextLengthExceeded, DeadlineExceeded, EngineCrashed, EngineFailure,
+                     ServiceUnavailable, SuperfluidError)
 from .lane import Lane, LaneEvent, LaneState
 from .prefix import MIN_REUSE, HostTier, SlotCache, common_prefix
 from .request import Request
@@ -24,6 +24,8 @@ from .tick import TickPlan, TickResult
 
 log = logging.getLogger("superfluid.scheduler")
 
+MAX_CRASHES = 5            # engine crashes within CRASH_WINDOW_S before a model is given up
+CRASH_WINDOW_S = 60.0
 PRESSURE_CHECK_S = 0.5     # how often OS pressure sources are read
 HOST_PAUSE_S = 30.0        # after OS pressure, nothing moves to host memory for this long
 ARRIVAL_WINDOW_S = 0.010  # longest wait for a burst to arrive when the scheduler wakes from idle
@@ -92,6 +94,7 @@ class Scheduler:
         self._parked: dict[str, Lane] = {}
         self._preempted = 0
         self._arrivals = 0
+        self._crashes: list[float] = []
         self.cache = SlotCache()
         self.host = HostTier(settings.extra.get("host-cache-mb", 0) << 20)
         self.pressure_sources = list(pressure_sources or [])
@@ -218,6 +221,10 @@ class Scheduler:
                     continue
             try:
                 result = self.engine.run_tick(plan)
+            except EngineCrashed as exc:  # the worker died: restart it, lanes resume from their tokens
+                log.error("model %s: %s", self.name, exc)
+                self._recover(exc)
+                continue
             except Exception as exc:  # the engine failed: fail its lanes, keep serving others
                 log.exception("model %s: tick failed", self.name)
                 with self._cv:
@@ -304,7 +311,7 @@ class Scheduler:
         donors = [l for l in lanes if l.is_prefilling and l.n_cached < l.n_prompt]
         waiting = set()
         for lane in self.queue if donors else ():
-            if lane.parked is not None:
+            if lane.parked is not None or not lane.request.reuse_prefix:
                 continue
             head = lane.tokens[:MIN_REUSE]
             for donor in donors:
@@ -319,7 +326,8 @@ class Scheduler:
     def _seed(self, lane: Lane) -> int:
         """Pick the lane's slot and seed it from the prefix cache or a running lane; the slot."""
         free = self._free_slots
-        if lane.parked is not None or not self.engine.capabilities.prefix_cache:
+        if (lane.parked is not None or not self.engine.capabilities.prefix_cache
+                or not lane.request.reuse_prefix):
             slot, reuse = self.cache.best_slot([], free)[0], 0
         else:
             slot, reuse = self.cache.best_slot(lane.tokens, free)
@@ -605,6 +613,43 @@ class Scheduler:
             if lane in self.queue:
                 self.queue.remove(lane)
             self._fail(lane, error)
+
+    def _recover(self, exc: Exception) -> None:
+        """Restart a crashed engine and resume every lane from its prompt + generated tokens, so
+        clients see a pause, not repeated or lost text. Repeated crashes back off, then fail."""
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
+        with self._cv:
+            self.cache = SlotCache()
+            self.host.clear()
+            for lane in self.lanes:
+                lane.n_cached, lane.needs_reset = 0, True
+                lane.copy_from = lane.restore = lane.restore_prefix = None
+            for lane in self.queue:
+                if lane.parked is not None:
+                    self._parked.pop(lane.parked, None)
+                    lane.parked, lane.parked_tokens = None, 0
+            self._park.clear()
+            self._drop_parked.clear()
+            self._release.clear()
+        if len(self._crashes) > MAX_CRASHES:
+            with self._cv:
+                self._engine_failed(TickPlan(), EngineFailure(
+                    f"model {self.name!r}: engine crashed {len(self._crashes)} times in "
+                    f"{CRASH_WINDOW_S:.0f} s; not restarting ({exc})"))
+                for lane in list(self.queue):
+                    self.queue.remove(lane)
+                    self._fail(lane, EngineFailure(f"model {self.name!r} is down: its engine keeps crashing"))
+                self._closed = True
+            return
+        time.sleep(min(2 ** (len(self._crashes) - 1) * 0.5, 8.0))  # back off before restarting
+        try:
+            self.engine.restart()
+            log.warning("model %s: engine restarted; %d lanes resume", self.name, len(self.lanes))
+        except Exception as restart_exc:  # noqa: BLE001 - reported to the lanes
+            log.exception("model %s: restart failed", self.name)
+            with self._cv:
+                self._engine_failed(TickPlan(), EngineFailure(f"model {self.name!r}: restart failed: {restart_exc}"))
 
     def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
         self.cache = SlotCache()  # whatever the engine held may be gone

@@ -31,6 +31,7 @@ class LanePlan:
     restore: str | None = None  # after the reset, load this parked KV into the slot (it holds ``pos`` tokens)
     copy_from: int | None = None  # at the reset, copy that slot's KV and keep its first ``pos`` tokens
     keep_parked: bool = False  # ``restore`` a cached prefix: leave it parked for other lanes
+    replay_from: int | None = None  # from this position on, feed one token per step, as decoding did
     history: list[int] | None = None  # tokens already in the KV, for a fresh penalty sampler
 
 

@@ -118,7 +118,7 @@ def tiny_fim_model(tmp_path_factory):
 
 def test_fim_rate_limit_deadline_and_infill(start_server, tiny_fim_model):
     srv = start_server("--fim-model", tiny_fim_model, "--fim-max-batch", "1", "--completion-burst", "3",
-                       "--completion-rate", "1/m", "--completion-deadline-ms", "1")
+                       "--completion-rate", "1/m")
     fim = {"model": "smollm2", "prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n", "max_tokens": 8}
     status, body, _ = post(srv.base, "/v1/completions", fim)
     assert status == 200, body
@@ -127,7 +127,7 @@ def test_fim_rate_limit_deadline_and_infill(start_server, tiny_fim_model):
     status, body, _ = post(srv.base, "/infill", {"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 4})
     assert status == 200, body
     assert "content" in body and body["tokens_predicted"] >= 1
-    # Third request of the burst: hold the only FIM lane, then a fourth misses its 1 ms start deadline.
+    # The third request of the burst holds the only FIM lane; the fourth finds the bucket empty.
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, srv.base, "/v1/completions", {**fim, "max_tokens": 1500, "ignore_eos": True})
         wait_for(lambda: srv.get_json("/slots")["models"]["fim"]["slots"][0]["state"] != "free",
@@ -142,8 +142,8 @@ def test_fim_rate_limit_deadline_and_infill(start_server, tiny_fim_model):
 
 
 def test_fim_deadline_fails_fast(start_server, tiny_fim_model):
-    srv = start_server("--fim-model", tiny_fim_model, "--fim-max-batch", "1", "--completion-deadline-ms", "1")
-    fim = {"prompt": "def add(a, b):\n    ", "suffix": "\n", "max_tokens": 1800, "ignore_eos": True}
+    srv = start_server("--fim-model", tiny_fim_model, "--fim-max-batch", "1", "--completion-deadline-ms", "150")
+    fim = {"prompt": "def add(a, b):\n    ", "suffix": "\n", "max_tokens": 2000, "ignore_eos": True}
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, srv.base, "/v1/completions", fim)
         wait_for(lambda: srv.get_json("/slots")["models"]["fim"]["slots"][0]["state"] != "free",

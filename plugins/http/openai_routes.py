@@ -153,6 +153,7 @@ class OpenAIRoutes:
             prompt_tokens=tokens, max_tokens=_max_tokens(body, kind != "completion", len(tokens), ctx),
             sampling=params.sampling(body), stop=params.stop_strings(body),
             ignore_eos=params.boolean(body, "ignore_eos"), batch_invariant=invariant,
+            reuse_prefix=params.boolean(body, "cache_prompt", True),
             qos=FIM_CLASS if fim else request_class(request, self.config),
             start_deadline=self.fim.deadline(arrived) if fim else None,
             meta={"chat": kind == "chat", "fim": fim})

@@ -11,7 +11,7 @@ from typing import Callable
 import psutil
 
 from superfluid.core.engine import Engine, EngineCapabilities
-from superfluid.core.errors import ConfigError, EngineFailure
+from superfluid.core.errors import ConfigError, EngineCrashed, EngineFailure
 from superfluid.core.tick import TickPlan, TickResult
 
 from . import worker
@@ -22,7 +22,7 @@ log = logging.getLogger("superfluid.llamacpp")
 DEFAULT_MAX_CONTEXT = 8192
 
 
-class WorkerDied(EngineFailure):
+class WorkerDied(EngineCrashed):
     """The worker process exited while a tick was in flight."""
 
 

@@ -23,7 +23,7 @@ class _Work:
     """A lane's remaining work within one tick."""
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding")
+                 "was_decoding", "replay_from")
 
     def __init__(self, lp: LanePlan, pos: int, accept: bool):
         self.slot = lp.slot
@@ -35,7 +35,13 @@ class _Work:
         self.pos = pos
         self.decoding = lp.decode
         self.was_decoding = lp.decode
+        self.replay_from = lp.replay_from
         self.result = LaneResult(slot=lp.slot)
+
+
+def _takes_one(w: _Work) -> bool:
+    """Feeds exactly one token this step: a decoding lane, or a lane replaying its generation."""
+    return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
 
 
 class TickRunner:
@@ -168,7 +174,7 @@ class TickRunner:
     def _step(self, active: list[_Work], limit: int) -> StepTiming | None:
         """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
         batch = self.batch
-        singles = sum(len(w.feed) == 1 for w in active)
+        singles = sum(_takes_one(w) for w in active)
         room = max(self.n_ubatch - singles, 0)
         if limit > 0:  # the limit bounds prefill; every decoding lane still gets its token
             room = min(room, limit)
@@ -178,10 +184,12 @@ class TickRunner:
         decode_tokens = 0
         # Who gets room: decoding lanes first, then prefill in the planner's order ...
         shares: list[tuple[_Work, int]] = []
-        for w in sorted(active, key=lambda w: len(w.feed) != 1):
+        for w in sorted(active, key=lambda w: not _takes_one(w)):
             if room <= 0:
                 break
             count = min(len(w.feed), room)
+            if w.replay_from is not None:  # replayed tokens go one per step, as decoding fed them
+                count = 1 if w.pos >= w.replay_from else min(count, w.replay_from - w.pos)
             shares.append((w, count))
             room -= count
         # ... but the batch itself goes in sequence order: with per-sequence KV buffers an

@@ -104,6 +104,8 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
 
     prefill_total = sum(n for _, n in chunks)
     steps = math.ceil(prefill_total / plan.step_tokens) if prefill_total else 0
+    replays = [max(0, l.n_cached + n - max(l.n_cached, l.n_prompt)) for l, n in chunks if l.n_generated]
+    steps += max(replays, default=0)  # replayed tokens take a step each
     rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
     if first_due:
@@ -138,4 +140,7 @@ def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> 
                     decode=decode and not reset,
                     restore=(lane.restore or lane.restore_prefix) if reset else None,
                     keep_parked=reset and lane.restore is None and lane.restore_prefix is not None,
-                    copy_from=lane.copy_from if reset else None, history=history)
+                    copy_from=lane.copy_from if reset else None, history=history,
+                    # A lane resuming its generation (KV dropped) replays its generated tokens one
+                    # per step, as decoding computed them, so its KV and text come out the same.
+                    replay_from=lane.n_prompt if lane.n_generated > 0 else None)
