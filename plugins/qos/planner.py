@@ -106,7 +106,9 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     steps = math.ceil(prefill_total / plan.step_tokens) if prefill_total else 0
     replays = [max(0, l.n_cached + n - max(l.n_cached, l.n_prompt)) for l, n in chunks if l.n_generated]
     steps += max(replays, default=0)  # replayed tokens take a step each
-    rounds = max(1, int(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
+    # Rounds that fill the target most nearly (truncating would halve a tick whose round costs
+    # a little over half the target, doubling the ticks and their overhead).
+    rounds = max(1, round(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
     if first_due:
         # A first token is due: the tick ends right after it so it reaches the client now.

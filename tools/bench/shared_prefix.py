@@ -33,16 +33,19 @@ def shared_prefix(tokens: int) -> str:
 
 
 async def prefilled(session, base) -> float | None:
+    """The server's prefilled-token counter; None when it has no metrics (0 before the first tick)."""
     try:
         async with session.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
             text = await r.text()
     except aiohttp.ClientError:
         return None
-    total = None
+    total = 0.0
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
         if name in COUNTERS:
-            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+            total += float(line.rsplit(" ", 1)[1])
     return total
 
 
