@@ -10,6 +10,7 @@ from superfluid.core.config import ModelConfig, Option, in_range
 from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
+from . import catchup
 from .fim import FIM_MODEL_NAME
 from .metrics import METRICS
 from .ratelimit import parse_rate
@@ -73,6 +74,7 @@ def superfluid_frontends(config, daemon):
 @hookimpl
 def superfluid_tick_done(model, stats):
     METRICS.tick_done(model, stats)
+    catchup.wait_for_loop()
 
 
 @hookimpl

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
 
+from . import catchup
 from .errors import json_errors
 from .info_routes import InfoRoutes
 from .openai_routes import OpenAIRoutes
@@ -36,10 +38,12 @@ class HttpFrontend:
         host, port = self.config["host"], self.config["port"]
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()
+        catchup.attach(asyncio.get_running_loop())
         port = self.runner.addresses[0][1] if self.runner.addresses else port
         log.info("serving %s on http://%s:%s", ", ".join(self.daemon.models), host, port)
         print(f"superfluid: serving {', '.join(self.daemon.models)} on http://{host}:{port}", flush=True)
 
     async def stop(self) -> None:
+        catchup.attach(None)
         if self.runner is not None:
             await self.runner.cleanup()
