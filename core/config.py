@@ -117,6 +117,10 @@ def core_options() -> list[Option]:
                in_range(0.0, 1.0), model_scoped=True, metavar="FRACTION"),
         Option("host-cache-mb", int, 1024, "host memory for prefixes evicted from the KV pool (0: none)",
                in_range(0, 1 << 24), model_scoped=True, metavar="MB"),
+        Option("pin-prompt", list, [], "a prompt prefix (raw text, special tokens parsed, e.g. a shared "
+               "system prompt) whose cached KV is evicted last; repeat for several",
+               lambda v: None if all(isinstance(x, str) and x for x in v) else "must be non-empty strings",
+               model_scoped=True, metavar="TEXT"),
         Option("threads", int, 0, "engine compute threads (0: one per physical core)", in_range(0, 512),
                model_scoped=True, metavar="N"),
         Option("log-level", str, "info", "logging level",
@@ -156,6 +160,9 @@ def add_flags(parser: argparse.ArgumentParser, schema: Schema) -> None:
         if opt.type is bool:
             parser.add_argument(flag, dest=opt.dest, action=argparse.BooleanOptionalAction,
                                 default=None, help=f"{opt.help} (default: {'on' if opt.default else 'off'})")
+        elif opt.type is list and opt.parse is None:
+            parser.add_argument(flag, dest=opt.dest, action="append", default=None,
+                                metavar=opt.metavar, help=opt.help)
         else:
             conv = str if opt.parse is not None or opt.type is list else opt.type
             default_txt = "" if opt.default in (None, "") else f" (default: {opt.default})"

@@ -59,7 +59,8 @@ class Daemon:
             max_batch=caps.max_lanes, context_length=caps.context_length,
             prefill_budget=mc["prefill-budget"], tick_decode_budget=mc["tick-decode-budget"],
             tick_target_ms=mc["tick-target-ms"], starvation_ticks=mc["starvation-ticks"],
-            extra={k: v for k, v in mc.values.items()})
+            extra={**mc.values, "pinned-tokens": [engine.tokenize(text, add_special=True, parse_special=True)
+                                                  for text in mc.values.get("pin-prompt") or []]})
         sources = [s for group in self.hook.superfluid_pressure_sources(config=self.config) for s in group or []]
         scheduler = Scheduler(mc.name, engine, self.hook, settings, pressure_sources=sources)
         scheduler.start()

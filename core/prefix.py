@@ -27,11 +27,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class SlotCache:
-    """The tokens each free slot's KV still holds, with last-use times for LRU choice."""
+    """The tokens each free slot's KV still holds, with last-use times for LRU choice.
 
-    def __init__(self) -> None:
+    A cache that starts with a pinned prefix (a shared system prompt named in the config) is
+    pinned: it yields, oldest first, only when no unpinned cache is left to evict."""
+
+    def __init__(self, pinned: list[list[int]] | None = None) -> None:
         self._tokens: dict[int, list[int]] = {}
         self._used: dict[int, float] = {}
+        self._pins = [p for p in (pinned or []) if p]
 
     def store(self, slot: int, tokens: list[int]) -> None:
         if tokens:
@@ -47,16 +51,21 @@ class SlotCache:
     def tokens(self, slot: int) -> list[int]:
         return self._tokens.get(slot, [])
 
+    def pinned(self, slot: int) -> bool:
+        tokens = self._tokens.get(slot, [])
+        return any(len(tokens) >= len(p) and tokens[:len(p)] == p for p in self._pins)
+
     def cached_tokens(self) -> int:
         return sum(len(t) for t in self._tokens.values())
 
     def lru_slots(self) -> list[int]:
-        """Slots holding a cached prefix, least recently used first."""
-        return sorted(self._tokens, key=lambda s: self._used.get(s, 0.0))
+        """Slots holding a cached prefix in eviction order: unpinned least recently used first,
+        then pinned, oldest first."""
+        return sorted(self._tokens, key=lambda s: (self.pinned(s), self._used.get(s, 0.0)))
 
     def best_slot(self, prompt: list[int], free_slots: list[int]) -> tuple[int, int]:
         """(slot, reusable tokens): the free slot sharing the longest prefix with ``prompt``; with
-        none worth reusing, an empty slot or else the least recently used cache."""
+        none worth reusing, an empty slot or else the first cache in eviction order."""
         best, best_n = None, 0
         limit = len(prompt) - 1  # at least one token is fed, so there are logits to sample
         for slot in free_slots:
@@ -68,7 +77,7 @@ class SlotCache:
         empty = [s for s in free_slots if s not in self._tokens]
         if empty:
             return empty[-1], 0
-        return min(free_slots, key=lambda s: self._used.get(s, 0.0)), 0
+        return min(free_slots, key=lambda s: (self.pinned(s), self._used.get(s, 0.0))), 0
 
 
 MIN_HOST_TOKENS = 64  # shorter prefixes are cheaper to prefill again than to keep

@@ -95,7 +95,8 @@ class Scheduler:
         self._preempted = 0
         self._arrivals = 0
         self._crashes: list[float] = []
-        self.cache = SlotCache()
+        self._pins = settings.extra.get("pinned-tokens") or []
+        self.cache = SlotCache(self._pins)
         self.host = HostTier(settings.extra.get("host-cache-mb", 0) << 20)
         self.pressure_sources = list(pressure_sources or [])
         self.pressure = "ok"
@@ -406,6 +407,9 @@ class Scheduler:
         if dropped:
             self._evictions["host_os_pressure"] = self._evictions.get("host_os_pressure", 0) + len(dropped)
         slots = self.cache.lru_slots()
+        unpinned = [s for s in slots if not self.cache.pinned(s)]
+        if self.pressure == "warning" and unpinned:  # pinned prefixes yield only when nothing else is left
+            slots = unpinned
         for slot in slots:
             self.cache.forget(slot)
             self._release.append(slot)
@@ -620,7 +624,7 @@ class Scheduler:
         now = time.monotonic()
         self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
         with self._cv:
-            self.cache = SlotCache()
+            self.cache = SlotCache(self._pins)
             self.host.clear()
             for lane in self.lanes:
                 lane.n_cached, lane.needs_reset = 0, True
@@ -652,7 +656,7 @@ class Scheduler:
                 self._engine_failed(TickPlan(), EngineFailure(f"model {self.name!r}: restart failed: {restart_exc}"))
 
     def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
-        self.cache = SlotCache()  # whatever the engine held may be gone
+        self.cache = SlotCache(self._pins)  # whatever the engine held may be gone
         self.host.clear()
         error = exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}")
         for lane in list(self.lanes):

@@ -30,6 +30,7 @@ import superfluid.core.prefix as prefix_mod
 import superfluid.core.scheduler as scheduler_mod
 from superfluid.core.cli import load
 from superfluid.core.engine import Engine, EngineCapabilities, ModelInfo
+from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 from superfluid.core.lane import LaneEvent
 from superfluid.core.plugins import make_plugin_manager
@@ -1047,3 +1048,56 @@ def test_a_failing_pressure_source_does_not_stop_the_model(make, monkeypatch):
     wait_for(lambda: sink.done.is_set() or not sched._thread.is_alive())
     assert sched._thread.is_alive(), f"scheduler thread died: {[repr(a.exc_value) for a in died]}"
     assert sink.done.is_set() and sink.events[-1].kind == "finished"
+
+
+# =================================================================================================
+# Pinned prefixes
+# =================================================================================================
+
+def test_slot_cache_pinned_prefixes_are_evicted_last(prefix_clock):
+    system = prompt(1000, 30)
+    cache = SlotCache(pinned=[system])
+    cache.store(0, system + prompt(100, 20))      # pinned, oldest
+    prefix_clock.advance(1)
+    cache.store(1, prompt(200, 40))               # unpinned
+    prefix_clock.advance(1)
+    cache.store(2, system + prompt(300, 20))      # pinned
+    prefix_clock.advance(1)
+    cache.store(3, prompt(400, 40))               # unpinned, newest
+    assert [cache.pinned(s) for s in range(4)] == [True, False, True, False]
+    assert cache.lru_slots() == [1, 3, 0, 2]      # unpinned LRU first, then pinned oldest first
+    # an unrelated prompt overwrites an unpinned cache, not the older pinned one
+    assert cache.best_slot(prompt(900, 40), [0, 1, 2, 3]) == (1, 0)
+    assert cache.best_slot(prompt(900, 40), [0, 2]) == (0, 0)   # only pinned left: oldest yields
+
+
+def test_pin_prompt_option_from_flags_and_toml(tmp_path):
+    from superfluid.core.cli import load
+    config, _ = load(["serve", "--pin-prompt", "A", "--pin-prompt", "B"])
+    assert config.models[0]["pin-prompt"] == ["A", "B"]
+    toml = tmp_path / "c.toml"
+    toml.write_text('pin-prompt = ["<|im_start|>system\\nBe brief.<|im_end|>\\n"]\n')
+    config, _ = load(["serve", "--config", str(toml)])
+    assert config.models[0]["pin-prompt"] == ["<|im_start|>system\nBe brief.<|im_end|>\n"]
+    toml.write_text('pin-prompt = [""]\n')
+    with pytest.raises(ConfigError, match="pin-prompt"):
+        load(["serve", "--config", str(toml)])
+
+
+def test_watermarks_evict_pinned_prefixes_last(make):
+    """Capacity 400, high 85 %, low 70 %: an unpinned newer cache goes before the older pinned one."""
+    system = prompt(1000, 40)
+    engine = FakePrefixEngine(max_lanes=4, kv_capacity=400)
+    sched, engine = make(engine, extra={"pressure-high": 0.85, "pressure-low": 0.70,
+                                        "pinned-tokens": [system]})
+    pinned_slot = run_threaded(sched, engine, system + prompt(100, 50), 1)[1].slot   # oldest, pinned
+    other_slot = run_threaded(sched, engine, prompt(300, 90), 1)[1].slot            # newer, unpinned
+    third_slot = run_threaded(sched, engine, prompt(500, 90), 1)[1].slot            # newest, unpinned
+    n0 = len(engine.plans_snapshot())
+    run_threaded(sched, engine, prompt(700, 110), 4)                               # over 85 %
+    assert wait_for(lambda: any(plan.release for plan in engine.plans_snapshot()[n0:]))
+    releases = [plan.release for plan in engine.plans_snapshot()[n0:] if plan.release]
+    assert releases and pinned_slot not in releases[0]
+    assert releases[0][0] == other_slot and third_slot in releases[0]
+    assert cached_by_slot(sched)[pinned_slot] == 90
+    assert engine.errors == []
