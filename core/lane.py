@@ -96,7 +96,8 @@ class Lane:
 
 @attrs.define(frozen=True)
 class LaneEvent:
-    """Sent to a request's sink. ``kind`` is "admitted", "delta", "paused", "finished" or "error".
+    """Sent to a request's sink. ``kind`` is "admitted", "delta", "paused" (preempted), "resumed",
+    "finished" or "error".
 
     "delta" carries released text and the number of tokens it came from; "finished" carries the
     finish reason ("stop", "length", "cancelled") and the usage counts; "error" carries the

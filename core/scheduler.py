@@ -111,7 +111,6 @@ class Scheduler:
         self._closed = False
         self._aborted = False
         self.ticks = 0
-        self.last_plan = TickPlan()
         self.kv = (0, 0)
 
     # ---- front-end side (any thread) ---------------------------------------------------------
@@ -229,7 +228,7 @@ class Scheduler:
             except Exception as exc:  # the engine failed: fail its lanes, keep serving others
                 log.exception("model %s: tick failed", self.name)
                 with self._cv:
-                    self._engine_failed(plan, exc)
+                    self._engine_failed(exc)
                 continue
             with self._cv:
                 stats = self._commit(plan, result)
@@ -279,7 +278,6 @@ class Scheduler:
         self._park.clear()
         self._drop_parked.clear()
         self._release.clear()
-        self.last_plan = plan
         return plan
 
     def _admit(self, now: float) -> None:
@@ -624,21 +622,16 @@ class Scheduler:
         now = time.monotonic()
         self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
         with self._cv:
-            self.cache = SlotCache(self._pins)
-            self.host.clear()
+            self._forget_engine_state()
             for lane in self.lanes:
                 lane.n_cached, lane.needs_reset = 0, True
                 lane.copy_from = lane.restore = lane.restore_prefix = None
-            for lane in self.queue:
-                if lane.parked is not None:
-                    self._parked.pop(lane.parked, None)
-                    lane.parked, lane.parked_tokens = None, 0
-            self._park.clear()
+            self._park.clear()  # the new worker starts empty: nothing to park, drop or release
             self._drop_parked.clear()
             self._release.clear()
         if len(self._crashes) > MAX_CRASHES:
             with self._cv:
-                self._engine_failed(TickPlan(), EngineFailure(
+                self._engine_failed(EngineFailure(
                     f"model {self.name!r}: engine crashed {len(self._crashes)} times in "
                     f"{CRASH_WINDOW_S:.0f} s; not restarting ({exc})"))
                 for lane in list(self.queue):
@@ -653,11 +646,19 @@ class Scheduler:
         except Exception as restart_exc:  # noqa: BLE001 - reported to the lanes
             log.exception("model %s: restart failed", self.name)
             with self._cv:
-                self._engine_failed(TickPlan(), EngineFailure(f"model {self.name!r}: restart failed: {restart_exc}"))
+                self._engine_failed(EngineFailure(f"model {self.name!r}: restart failed: {restart_exc}"))
 
-    def _engine_failed(self, plan: TickPlan, exc: Exception) -> None:
-        self.cache = SlotCache(self._pins)  # whatever the engine held may be gone
-        self.host.clear()
+    def _forget_engine_state(self) -> None:
+        """The engine lost, or may have lost, its KV: forget cached prefixes and parked lanes'
+        KV (queued lanes that had parked will prefill again)."""
+        self.cache = SlotCache(self._pins)
+        self._drop_parked.extend(self.host.clear())
+        for lane in self.queue:
+            self._forget_parked(lane)
+            lane.parked_tokens = 0
+
+    def _engine_failed(self, exc: Exception) -> None:
+        self._forget_engine_state()
         error = exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}")
         for lane in list(self.lanes):
             self._fail(lane, error)

@@ -4,7 +4,6 @@ and start deadlines. Serves ``suffix`` on /v1/completions and llama.cpp-style ``
 from __future__ import annotations
 
 import math
-import time
 
 from superfluid.core.errors import InvalidRequest, SuperfluidError
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import time
 from typing import Callable
 
 import psutil

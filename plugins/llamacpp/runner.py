@@ -71,6 +71,9 @@ class TickRunner:
 
     def _clear(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+        self._drop_sampler(slot)
+
+    def _drop_sampler(self, slot: int) -> None:
         free_sampler(self.samplers.pop(slot, None))
         self.penalized.discard(slot)
         self.greedy.discard(slot)
@@ -107,9 +110,7 @@ class TickRunner:
     def _seed(self, lp: LanePlan) -> bool:
         """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
         slot = lp.slot
-        free_sampler(self.samplers.pop(slot, None))
-        self.penalized.discard(slot)
-        self.greedy.discard(slot)
+        self._drop_sampler(slot)
         if lp.restore is not None:
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
             if not self.restore(slot, lp.restore, keep=lp.keep_parked):

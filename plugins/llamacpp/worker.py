@@ -5,7 +5,6 @@ daemon sees the pipe close, restarts it, and the lanes resume from their tokens.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import traceback
 

@@ -21,7 +21,7 @@ ADAPTIVE_MIN, ADAPTIVE_MAX = 256, 4096
 URGENT = qos.URGENT
 
 
-def tick_target_s(lanes: list[Lane], capabilities, settings, admitting: bool) -> float:
+def tick_target_s(capabilities, settings, admitting: bool) -> float:
     if admitting:
         return capabilities.tick_target_free_ms / 1000.0
     return min(settings.tick_target_ms, capabilities.tick_target_busy_cap_ms) / 1000.0
@@ -33,7 +33,7 @@ def prefill_budget(costs, capabilities, settings, admitting: bool) -> int:
     if settings.prefill_budget:
         budget = settings.prefill_budget
     else:  # adaptive: a prefill tick lands near the busy tick target
-        target = min(settings.tick_target_ms, capabilities.tick_target_busy_cap_ms) / 1000.0
+        target = tick_target_s(capabilities, settings, admitting=False)
         budget = int(min(max(target / per_token, ADAPTIVE_MIN), ADAPTIVE_MAX))
     cap_s = PREFILL_CAP_ADMITTING_S if admitting else PREFILL_CAP_BUSY_S
     cap_tokens = cap_s / per_token
@@ -74,11 +74,11 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
         lanes = [min(solo, key=lambda l: l.admitted_at or 0.0)]
     decoding = [l for l in lanes if not l.is_prefilling]
     prefilling = [l for l in lanes if l.is_prefilling]
-    base_rounds = max(1, int(tick_target_s(lanes, capabilities, settings, False)
+    base_rounds = max(1, round(tick_target_s(capabilities, settings, False)
                              / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     finishing = any(l.remaining_tokens <= base_rounds for l in decoding)
     admitting = len(lanes) < settings.max_batch or finishing
-    target = tick_target_s(lanes, capabilities, settings, admitting)
+    target = tick_target_s(capabilities, settings, admitting)
 
     plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities))
     budget = prefill_budget(costs, capabilities, settings, admitting)
