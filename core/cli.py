@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config["log-level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    daemon = Daemon(config, pm)
+    daemon = None
     try:
+        daemon = Daemon(config, pm)
         daemon.load_models(progress=print_progress)
         asyncio.run(daemon.serve())
     except (ConfigError, SuperfluidError) as exc:
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        daemon.close()
+        if daemon is not None:
+            daemon.close()
     return 0
 
 

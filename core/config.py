@@ -123,6 +123,10 @@ def core_options() -> list[Option]:
                model_scoped=True, metavar="TEXT"),
         Option("threads", int, 0, "engine compute threads (0: one per physical core)", in_range(0, 512),
                model_scoped=True, metavar="N"),
+        Option("state-dir", str, None, "directory for session logs and park artifacts; sessions and their "
+               "KV survive a restart (default: sessions live in memory only)", metavar="DIR"),
+        Option("shutdown-timeout", float, 30.0, "on SIGTERM/SIGINT, seconds to let running requests finish "
+               "and persist sessions before exiting", in_range(0.0, 3600.0), metavar="S"),
         Option("log-level", str, "info", "logging level",
                lambda v: None if v.lower() in ("debug", "info", "warning", "error") else "must be debug, info, warning or error"),
     ]

@@ -14,8 +14,9 @@ import attrs
 from .config import Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
-from .errors import ModelNotFound
+from .errors import ModelNotFound, ServiceUnavailable, SuperfluidError
 from .scheduler import Scheduler, SchedulerSettings
+from .sessions import SessionStore
 
 log = logging.getLogger("superfluid.daemon")
 
@@ -27,10 +28,20 @@ class ModelRuntime:
     config: ModelConfig
     engine: Engine
     scheduler: Scheduler
+    state: str = "ready"  # ready | unloading
 
     @property
     def name(self) -> str:
         return self.config.name
+
+
+class ModelUnavailable(ServiceUnavailable):
+    """The model is configured but not loaded right now (unloaded, loading or unloading)."""
+
+    code = "model_unloaded"
+
+
+RETRY_AFTER_S = "5"
 
 
 class Daemon:
@@ -39,8 +50,13 @@ class Daemon:
         self.pm = pm
         self.hook = pm.hook
         self.models: dict[str, ModelRuntime] = {}
+        self.unloaded: dict[str, ModelConfig] = {}  # configured models unloaded at runtime
+        self.loading: set[str] = set()
+        self.draining = False  # shutting down: no new generations
         self.registry = EngineRegistry()
         self.hook.superfluid_add_engines(registry=self.registry)
+        self.sessions = SessionStore(config.get("state-dir"))
+        self.sessions.recover()
 
     # ---- models ---------------------------------------------------------------------------
 
@@ -71,32 +87,127 @@ class Daemon:
         return runtime
 
     def get(self, name: str | None) -> ModelRuntime:
-        """The model a request names; with no name (or one model served), the first model."""
-        if name in self.models:
-            return self.models[name]
-        if not name and self.models:
-            return next(iter(self.models.values()))
+        """The ready model a request names; with no name, the first model. A configured model
+        that is not loaded right now (or a daemon shutting down) is a 503 with Retry-After."""
+        if self.draining:
+            raise ServiceUnavailable("the server is shutting down; retry on its successor",
+                                     code="shutting_down", headers={"Retry-After": RETRY_AFTER_S})
+        runtime = self.models.get(name) if name else next(iter(self.models.values()), None)
+        if runtime is not None and runtime.state == "ready":
+            return runtime
+        if runtime is not None or name in self.unloaded or name in self.loading or (not name and self.unloaded):
+            raise ModelUnavailable(f"The model {name or next(iter(self.unloaded))!r} is not loaded right now; "
+                                   "retry later", param="model", headers={"Retry-After": RETRY_AFTER_S})
         raise ModelNotFound(f"The model {name!r} does not exist; served models: "
                             f"{', '.join(self.models) or 'none'}", param="model")
+
+    def model_states(self) -> dict[str, str]:
+        states = {name: rt.state for name, rt in list(self.models.items())}
+        states.update({name: "unloaded" for name in list(self.unloaded)})
+        states.update({name: "loading" for name in list(self.loading)})
+        return states
+
+    def unload(self, name: str, drain_timeout: float) -> None:
+        """Stop serving a model: new requests get 503 at once; running ones may finish within
+        ``drain_timeout`` s, then fail with a clear error. Blocking (run it off the event loop)."""
+        runtime = self.models.get(name)
+        if runtime is None or runtime.state != "ready":
+            if name in self.unloaded or (runtime is not None and runtime.state == "unloading"):
+                return
+            raise ModelNotFound(f"The model {name!r} does not exist", param="model")
+        runtime.state = "unloading"
+        log.info("model %s: unloading (draining up to %.1f s)", name, drain_timeout)
+        runtime.scheduler.close(timeout=drain_timeout, reason=f"model {name!r} was unloaded")
+        runtime.engine.close()
+        self.unloaded[name] = runtime.config
+        self.models.pop(name, None)
+        log.info("model %s: unloaded", name)
+
+    def reload(self, name: str, progress: Callable[[str], None] | None = None) -> ModelRuntime:
+        """Load a model unloaded earlier. Blocking (run it off the event loop)."""
+        if name in self.models and self.models[name].state == "ready":
+            return self.models[name]
+        if name not in self.unloaded:
+            if name in self.loading:
+                raise ServiceUnavailable(f"model {name!r} is already loading", code="model_loading",
+                                         headers={"Retry-After": RETRY_AFTER_S})
+            raise ModelNotFound(f"The model {name!r} is not configured (or not unloaded)", param="model")
+        mc = self.unloaded.pop(name)
+        self.loading.add(name)
+        try:
+            return self.load_model(mc, progress)
+        except Exception:
+            self.unloaded[name] = mc
+            raise
+        finally:
+            self.loading.discard(name)
 
     # ---- running --------------------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Start the front ends and wait for SIGINT/SIGTERM."""
+        """Start the front ends, wait for SIGINT/SIGTERM, then shut down gracefully: stop
+        admitting, let running requests finish, persist sessions, stop. A second signal skips
+        the wait."""
         frontends = [fe for group in self.hook.superfluid_frontends(config=self.config, daemon=self)
                      for fe in (group or [])]
-        stop = asyncio.Event()
+        stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            (force if stop.is_set() else stop).set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         for fe in frontends:
             await fe.start()
         try:
             await stop.wait()
+            await self._drain(force)
+            await loop.run_in_executor(None, self.persist_sessions)
         finally:
-            log.info("shutting down")
             for fe in reversed(frontends):
                 await fe.stop()
+
+    async def _drain(self, force: asyncio.Event) -> None:
+        timeout = self.config.get("shutdown-timeout", 30)
+        busy = [rt.name for rt in self.models.values() if rt.scheduler.busy()]
+        log.info("shutting down: no new requests; waiting up to %.0f s for %s", timeout * 0.8,
+                 ", ".join(busy) or "nothing")
+        self.draining = True
+        deadline = asyncio.get_running_loop().time() + timeout * 0.8
+        while (any(rt.scheduler.busy() for rt in list(self.models.values())) and not force.is_set()
+               and asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(0.05)
+
+    def persist_sessions(self) -> None:
+        """Write every open session's KV to its park artifact (with --state-dir and --park), so a
+        restarted daemon serves the next turn without prefilling the conversation again."""
+        if self.sessions.dir is None:
+            return
+        saved = 0
+        for session in list(self.sessions.sessions.values()):
+            if session.state != "open" or not session.prompt_tokens:
+                continue
+            runtime = self.models.get(session.model)
+            if runtime is None or not runtime.config.values.get("park"):
+                continue
+            tokens = runtime.scheduler.save_prefix(session.prompt_tokens,
+                                                   self.sessions.artifact_path(session.id), timeout=10)
+            if tokens:
+                self.sessions.parked(session, tokens)
+                saved += 1
+        log.info("persisted %d sessions' KV to %s", saved, self.sessions.dir)
+
+    def park_session(self, session) -> int:
+        """Park a session: its KV goes to its park artifact when it can. Tokens saved."""
+        runtime = self.models.get(session.model)
+        tokens = None
+        path = self.sessions.artifact_path(session.id)
+        if (runtime is not None and path is not None and runtime.config.values.get("park")
+                and session.prompt_tokens):
+            tokens = runtime.scheduler.save_prefix(session.prompt_tokens, path)
+        self.sessions.parked(session, tokens)
+        return len(tokens or [])
 
     def close(self) -> None:
         for runtime in self.models.values():

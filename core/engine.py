@@ -24,6 +24,7 @@ class EngineCapabilities:
     stops_mid_tick: bool = True
     uniform_decode_rounds: bool = True
     supports_parking: bool = False
+    persists_kv: bool = False   # parked KV can be saved to and loaded from files (TickPlan.save/load)
     prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
     aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
     prefill_step_tokens: int = 512

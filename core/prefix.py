@@ -99,9 +99,10 @@ class HostTier:
     def bytes(self) -> int:
         return sum(e[1] for e in self._entries.values())
 
-    def add(self, tokens: list[int]) -> str | None:
-        """A key to park a prefix under, or None if it is not worth keeping."""
-        if self.limit <= 0 or len(tokens) < MIN_HOST_TOKENS:
+    def add(self, tokens: list[int], force: bool = False) -> str | None:
+        """A key to park a prefix under, or None if it is not worth keeping (``force``: a park
+        artifact being loaded, kept whatever the limit until it is used once)."""
+        if not force and (self.limit <= 0 or len(tokens) < MIN_HOST_TOKENS):
             return None
         self._next += 1
         key = f"prefix-{self._next}"
@@ -128,6 +129,13 @@ class HostTier:
             if n > best_n:
                 best, best_n = key, n
         return best, best_n
+
+    def tokens(self, key: str) -> list[int]:
+        entry = self._entries.get(key)
+        return list(entry[0]) if entry else []
+
+    def remove(self, key: str) -> None:
+        self._entries.pop(key, None)
 
     def touch(self, key: str) -> None:
         """The entry was imported: it becomes the most recently used."""

@@ -106,12 +106,18 @@ class Scheduler:
         self._hits = 0
         self._hit_tokens = 0
         self._promoted = 0
+        self._saves: list[_SaveOp] = []   # park artifacts to write at the next tick
+        self._loads: list[tuple[str, list[int]]] = []  # park artifacts to read at the next tick
+        self._saving: dict[str, _SaveOp] = {}
+        self._staged_loads: list[tuple[str, str]] = []
+        self._close_reason = f"model {name!r} is shutting down"
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._aborted = False
         self.ticks = 0
         self.kv = (0, 0)
+        self.parked_bytes = 0
 
     # ---- front-end side (any thread) ---------------------------------------------------------
 
@@ -128,7 +134,7 @@ class Scheduler:
         lane = Lane(request=request, text=TextStream(self.engine.token_bytes, request.stop))
         with self._cv:
             if self._closed:
-                raise ServiceUnavailable(f"model {self.name!r} is shutting down")
+                raise self._closed_error()
             self.queue.append(lane)
             self._arrivals += 1
             self._cv.notify()
@@ -152,6 +158,32 @@ class Scheduler:
                     self._cv.notify()
                     return
 
+    def save_prefix(self, tokens: list[int], path: str, timeout: float = 60.0) -> list[int] | None:
+        """Write the cached KV that best covers ``tokens`` to a park artifact at ``path`` (a
+        session's KV, outliving this process). Returns the tokens the artifact holds, or None when
+        nothing of them is cached or the engine cannot persist KV. Blocks until the next tick."""
+        if not self.engine.capabilities.persists_kv:
+            return None
+        op = _SaveOp(tokens=list(tokens), path=path)
+        with self._cv:
+            if self._closed and self._thread is not None and not self._thread.is_alive():
+                return None
+            self._saves.append(op)
+            self._cv.notify()
+        if not op.done.wait(timeout):
+            return None
+        return op.saved
+
+    def adopt_prefix(self, tokens: list[int], path: str) -> bool:
+        """Load a park artifact holding ``tokens`` into the host tier at the next tick, so the next
+        request that starts with them restores instead of prefilling. False if unsupported."""
+        if not (self.engine.capabilities.persists_kv and self.engine.capabilities.prefix_cache):
+            return False
+        with self._cv:
+            self._loads.append((path, list(tokens)))
+            self._cv.notify()
+        return True
+
     def snapshot(self) -> dict:
         """Per-slot state for /slots."""
         now = time.monotonic()
@@ -165,9 +197,12 @@ class Scheduler:
                     continue
                 slots.append(_lane_view(slot, lane, now))
             return {"model": self.name, "slots": slots, "queued": len(self.queue),
-                    "queue": [{"request_id": l.id, "qos": l.qos, "waited_s": round(now - l.queued_at, 3)}
-                              for l in self.queue],
+                    "queue": [{"request_id": l.id, "qos": l.qos, "waited_s": round(now - l.queued_at, 3),
+                               "parked": l.parked is not None} for l in self.queue],
                     "ticks": self.ticks, "kv_used": self.kv[0], "kv_capacity": self.kv[1],
+                    "kv_cached": self.cache.cached_tokens(),
+                    "parked_bytes": max(0, self.parked_bytes - self.host.bytes),  # by preempted lanes
+                    "host_cache_bytes": self.host.bytes,
                     "costs": self.costs.as_dict()}
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -176,12 +211,13 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, reason: str | None = None) -> None:
         """Stop admitting; let running lanes finish for up to ``timeout`` s, then fail them."""
+        self._close_reason = reason or f"model {self.name!r} is shutting down"
         with self._cv:
             self._closed = True
             for lane in list(self.queue):
-                self._fail(lane, ServiceUnavailable(f"model {self.name!r} is shutting down"))
+                self._fail(lane, self._closed_error())
             self.queue.clear()
             self._cv.notify_all()
         if self._thread is None:
@@ -194,6 +230,9 @@ class Scheduler:
             self.engine.request_stop()
             self._thread.join(10)
 
+    def _closed_error(self) -> ServiceUnavailable:
+        return ServiceUnavailable(self._close_reason, code="model_unloaded", headers={"Retry-After": "5"})
+
     def busy(self) -> bool:
         with self._cv:
             return bool(self.queue or self.lanes)
@@ -203,9 +242,10 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._closed or self.queue or self.lanes or self._release):
+                while not (self._closed or self.queue or self.lanes or self._release or self._saves
+                           or self._loads or self._drop_parked):
                     self._cv.wait()
-                if self._closed and not self.lanes:
+                if self._closed and not (self.lanes or self._saves):
                     break
                 if not self.lanes:
                     self._gather_arrivals()
@@ -254,9 +294,10 @@ class Scheduler:
         now = time.monotonic()
         for lane in [l for l in self.lanes if l.cancel_requested]:
             self._finish(lane, "cancelled", LaneState.CANCELLED)
+        self._stage_loads()
         if self._aborted:
             for lane in list(self.lanes):
-                self._fail(lane, ServiceUnavailable(f"model {self.name!r} is shutting down"))
+                self._fail(lane, self._closed_error())
         elif not self._closed:
             self._admit(now)
         for lane in self.queue:
@@ -273,12 +314,44 @@ class Scheduler:
             if lane.is_prefilling:
                 lane.waited_ticks = 0 if lane.slot in planned else lane.waited_ticks + 1
         plan.park.extend(self._park)
+        self._plan_artifacts(plan)
         plan.drop_parked.extend(self._drop_parked)
         plan.release.extend(self._release)
         self._park.clear()
         self._drop_parked.clear()
         self._release.clear()
         return plan
+
+    def _plan_artifacts(self, plan: TickPlan) -> None:
+        """Park artifacts: a save copies the best cached slot (or host prefix) for its tokens to a
+        file; a load brings a file into the host tier under a fresh key."""
+        for op in self._saves:
+            cached = [s for s in self._free_slots if self.cache.tokens(s)]
+            slot, n = self.cache.best_slot(op.tokens + [-1], cached) if cached else (None, 0)
+            key, host_n = self.host.best(op.tokens + [-1]) if len(self.host) else (None, 0)
+            if key is not None and host_n > n:
+                op.saved = self.host.tokens(key)
+                plan.save.append((key, op.path))
+            elif n >= MIN_REUSE:
+                op.saved = list(self.cache.tokens(slot))
+                tmp = f"save:{op.path}"
+                plan.park.append((slot, tmp))
+                plan.save.append((tmp, op.path))
+                plan.drop_parked.append(tmp)
+            else:
+                op.done.set()
+                continue
+            self._saving[op.path] = op
+        self._saves.clear()
+        plan.load.extend(self._staged_loads)
+        self._staged_loads.clear()
+
+    def _stage_loads(self) -> None:
+        """Park artifacts to load enter the host tier before admission, so the lanes admitted in
+        the same plan already restore from them (the engine loads before it seeds lanes)."""
+        for path, tokens in self._loads:
+            self._staged_loads.append((path, self.host.add(tokens, force=True)))
+        self._loads.clear()
 
     def _admit(self, now: float) -> None:
         """Fill free lanes in policy order; with none free, let the policy preempt for a queued lane."""
@@ -339,7 +412,7 @@ class Scheduler:
                     reuse, lane.copy_from = shared, source
             if lane.copy_from is not None and reuse < MIN_REUSE:
                 lane.copy_from = None
-            if self.host.limit:  # a host-memory prefix may hold more of it
+            if len(self.host):  # a host-memory prefix may hold more of it
                 key, shared = self.host.best(lane.tokens)
                 if key is not None and shared > reuse and shared >= MIN_REUSE:
                     reuse, lane.restore_prefix, lane.copy_from = shared, key, None
@@ -480,6 +553,7 @@ class Scheduler:
         self.ticks += 1
         self.costs.observe(result.steps)
         self.kv = (result.kv_used, result.kv_capacity)
+        self.parked_bytes = result.parked_bytes
         by_slot = {lane.slot: lane for lane in self.lanes}
         now = time.monotonic()
         first_tokens: list[tuple[str, float]] = []
@@ -493,12 +567,17 @@ class Scheduler:
             lane.needs_reset = False
             lane.restore = None
             lane.copy_from = None
-            lane.restore_prefix = None
+            prefix_key, lane.restore_prefix = lane.restore_prefix, None
             res = result.lanes.get(lp.slot)
             if res is None:
                 continue
-            if res.restore_failed:  # the parked KV was lost: prefill everything again
+            if res.restore_failed:  # the parked KV was lost or unusable: prefill everything again
                 lane.n_cached, lane.needs_reset = 0, True
+                if prefix_key is not None:
+                    log.warning("model %s: cached prefix %s could not be restored; prefilling", self.name,
+                                prefix_key)
+                    self.host.remove(prefix_key)
+                    self._drop_parked.append(prefix_key)
                 continue
             lane.n_cached += res.n_fed
             lane.n_prefilled += res.n_prefill
@@ -511,7 +590,16 @@ class Scheduler:
         for lane in [l for l in self.lanes if l.cancel_requested]:
             self._finish(lane, "cancelled", LaneState.CANCELLED)
             finished.append(lane)
+        for path, size in result.saved.items():
+            op = self._saving.pop(path, None)
+            if op is not None:
+                if size <= 0:
+                    op.saved = None
+                    log.warning("model %s: could not write park artifact %s", self.name, path)
+                op.done.set()
         for key, size in result.parked.items():
+            if key.startswith("save:"):
+                continue
             lane = self._parked.get(key)
             if lane is None:
                 self.host.parked(key, size)
@@ -669,6 +757,16 @@ class Scheduler:
             lane.request.sink(event)
         except Exception:  # a broken sink must not stop the scheduler
             log.exception("sink of %s failed", lane.id)
+
+
+@attrs.define(eq=False)
+class _SaveOp:
+    """A request to write cached KV to a park artifact, answered by the tick that does it."""
+
+    tokens: list[int]
+    path: str
+    saved: list[int] | None = None
+    done: threading.Event = attrs.field(factory=threading.Event)
 
 
 def _kv_source(lane: Lane) -> int | None:

@@ -40,11 +40,15 @@ class TickPlan:
     """For one engine call: per lane a prefill chunk or a decode grant, plus slots to release.
 
     The engine applies, in order: ``park`` (copy each slot's KV to host memory under a key),
-    ``drop_parked`` (forget parked KV), ``release`` (clear slots), then the lanes."""
+    ``load`` (read a park artifact file into host memory under a key), ``save`` (write parked KV
+    to a park artifact file), ``drop_parked`` (forget parked KV), ``release`` (clear slots), then
+    the lanes. ``load`` and ``save`` need ``EngineCapabilities.persists_kv``."""
 
     lanes: list[LanePlan] = attrs.field(factory=list)
     release: list[int] = attrs.field(factory=list)
     park: list[tuple[int, str]] = attrs.field(factory=list)
+    load: list[tuple[str, str]] = attrs.field(factory=list)   # (file path, park key)
+    save: list[tuple[str, str]] = attrs.field(factory=list)   # (park key, file path)
     drop_parked: list[str] = attrs.field(factory=list)
     prefill_budget: int = 0   # the budget this plan was cut from (for metrics)
     decode_grant: int = 0     # decode rounds granted per decoding lane (for metrics)
@@ -57,7 +61,7 @@ class TickPlan:
         return sum(len(lp.feed) for lp in self.lanes if not lp.decode)
 
     def empty(self) -> bool:
-        return not (self.lanes or self.release or self.park or self.drop_parked)
+        return not (self.lanes or self.release or self.park or self.load or self.save or self.drop_parked)
 
 
 @attrs.define
@@ -83,6 +87,7 @@ class StepTiming:
 class TickResult:
     lanes: dict[int, LaneResult] = attrs.field(factory=dict)
     parked: dict[str, int] = attrs.field(factory=dict)  # park key -> bytes held (0: parking failed)
+    saved: dict[str, int] = attrs.field(factory=dict)   # file path -> bytes written (0: failed)
     parked_bytes: int = 0  # all parked KV the engine holds in host memory
     steps: list[StepTiming] = attrs.field(factory=list)
     stopped_early: bool = False

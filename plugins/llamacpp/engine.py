@@ -43,7 +43,7 @@ class LlamaCppEngine(Engine):
         self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.capabilities = EngineCapabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
-            uniform_decode_rounds=True, supports_parking=True, prefill_step_tokens=512,
+            uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefill_step_tokens=512,
             aborts_mid_step=True,
             prefix_cache=not self.vocab.shared_pool,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)

@@ -9,6 +9,7 @@ urgent newcomer ends the tick at the next step, and the prefill it did not reach
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 import llama_cpp
@@ -100,6 +101,35 @@ class TickRunner:
         self.parked[key] = buf
         return n
 
+    def load(self, path: str, key: str) -> int:
+        """Read a park artifact into host memory; its size (0 if unreadable). A corrupt or foreign
+        file is caught when it is restored: llama.cpp checks the state's layout then."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return 0
+        if not data:
+            return 0
+        self.parked[key] = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return len(data)
+
+    def save(self, key: str, path: str) -> int:
+        """Write parked KV to a park artifact (whole or not at all); bytes written, 0 on failure."""
+        buf = self.parked.get(key)
+        if buf is None:
+            return 0
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(memoryview(buf))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            return 0
+        return len(buf)
+
     def restore(self, slot: int, key: str, keep: bool = False) -> bool:
         """Load parked KV into a slot; ``keep`` leaves it parked for other lanes (a cached prefix)."""
         buf = self.parked.get(key) if keep else self.parked.pop(key, None)
@@ -127,6 +157,10 @@ class TickRunner:
         result = TickResult()
         for slot, key in plan.park:
             result.parked[key] = self.park(slot, key)
+        for path, key in plan.load:
+            result.parked[key] = self.load(path, key)
+        for key, path in plan.save:
+            result.saved[path] = self.save(key, path)
         for key in plan.drop_parked:
             self.parked.pop(key, None)
         for slot in plan.release:

@@ -1,0 +1,233 @@
+"""Sessions: a conversation the server keeps — its messages, QoS class and KV — across turns and
+across restarts.
+
+Each session has an append-only log (``<state-dir>/sessions/<id>.jsonl``, one JSON record a line,
+flushed and fsynced per record) so a restart loses no turn, and at most one park artifact
+(``<state-dir>/park/<id>.kv`` plus ``<id>.json`` naming the tokens it holds) so the next turn
+after a restart restores the conversation's KV instead of prefilling it. Without a state dir
+sessions live in memory only. Nothing here knows about HTTP or engines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import attrs
+
+from .errors import ConfigError, SuperfluidError
+
+log = logging.getLogger("superfluid.sessions")
+
+
+class SessionNotFound(SuperfluidError):
+    status = 404
+    type = "invalid_request_error"
+    code = "session_not_found"
+
+
+class SessionConflict(SuperfluidError):
+    status = 409
+    type = "invalid_request_error"
+    code = "session_conflict"
+
+
+@attrs.define(eq=False)
+class Session:
+    id: str
+    model: str
+    qos: str
+    system: str | None = None
+    created: float = attrs.field(factory=time.time)
+    messages: list[dict] = attrs.field(factory=list)   # every turn's messages and replies, in order
+    turns: int = 0
+    state: str = "open"                                 # open | parked | closed
+    prompt_tokens: list[int] = attrs.field(factory=list)  # the last turn's prompt (its KV is cached)
+    artifact_tokens: list[int] | None = None           # what the park artifact on disk holds
+    artifact_loaded: bool = False                       # adopted by this process's engine
+    busy: bool = False                                  # a turn is running
+
+    def history(self) -> list[dict]:
+        """The messages a new turn's prompt starts with."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+    def view(self) -> dict:
+        return {"id": self.id, "object": "session", "model": self.model, "qos": self.qos,
+                "system": self.system, "state": self.state, "turns": self.turns,
+                "created": int(self.created), "busy": self.busy,
+                "parked_tokens": len(self.artifact_tokens or [])}
+
+
+class SessionStore:
+    """All sessions, with their logs and park artifacts under ``state_dir`` (None: memory only)."""
+
+    def __init__(self, state_dir: str | None):
+        self.dir = Path(state_dir) if state_dir else None
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        if self.dir is not None:
+            for sub in ("sessions", "park"):
+                path = self.dir / sub
+                try:
+                    path.mkdir(parents=True, exist_ok=True)
+                    probe = path / ".write-test"
+                    probe.write_bytes(b"")
+                    probe.unlink()
+                except OSError as exc:
+                    raise ConfigError(f"--state-dir {state_dir}: not writable ({exc.strerror or exc})") from None
+
+    # ---- paths -------------------------------------------------------------------------------
+
+    def _log_path(self, sid: str) -> Path:
+        return self.dir / "sessions" / f"{sid}.jsonl"
+
+    def artifact_path(self, sid: str) -> str | None:
+        return str(self.dir / "park" / f"{sid}.kv") if self.dir is not None else None
+
+    def _artifact_meta(self, sid: str) -> Path:
+        return self.dir / "park" / f"{sid}.json"
+
+    # ---- the log -----------------------------------------------------------------------------
+
+    def _append(self, session: Session, record: dict) -> None:
+        if self.dir is None:
+            return
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        with self._lock, open(self._log_path(session.id), "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    # ---- operations ----------------------------------------------------------------------------
+
+    def create(self, model: str, qos: str, system: str | None) -> Session:
+        session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system)
+        self.sessions[session.id] = session
+        self._append(session, {"op": "create", "id": session.id, "model": model, "qos": qos,
+                               "system": system, "created": session.created})
+        log.info("session %s created on %s (%s)", session.id, model, qos)
+        return session
+
+    def get(self, sid: str) -> Session:
+        session = self.sessions.get(sid)
+        if session is None:
+            raise SessionNotFound(f"No session with id {sid!r}", param="session_id")
+        return session
+
+    def record_turn(self, session: Session, new: list[dict], reply: dict, prompt_tokens: list[int]) -> None:
+        session.messages.extend(new)
+        session.messages.append(reply)
+        session.turns += 1
+        session.prompt_tokens = list(prompt_tokens)
+        self._append(session, {"op": "turn", "n": session.turns, "messages": new, "reply": reply})
+
+    def set_qos(self, session: Session, qos: str) -> None:
+        session.qos = qos
+        self._append(session, {"op": "qos", "qos": qos})
+
+    def parked(self, session: Session, tokens: list[int] | None) -> None:
+        """The session's KV was written to its park artifact (``tokens``: what it holds)."""
+        session.state = "parked"
+        if tokens and self.dir is not None:
+            meta = {"tokens": tokens, "model": session.model, "turns": session.turns}
+            tmp = self._artifact_meta(session.id).with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(meta))
+            os.replace(tmp, self._artifact_meta(session.id))
+            session.artifact_tokens = list(tokens)
+            session.artifact_loaded = False
+        self._append(session, {"op": "park", "tokens": len(tokens or [])})
+
+    def resumed(self, session: Session) -> None:
+        if session.state == "parked":
+            session.state = "open"
+            self._append(session, {"op": "resume"})
+
+    def close(self, session: Session) -> None:
+        session.state = "closed"
+        self._append(session, {"op": "close"})
+        self._drop_artifact(session)
+
+    def _drop_artifact(self, session: Session) -> None:
+        session.artifact_tokens = None
+        if self.dir is None:
+            return
+        for path in (Path(self.artifact_path(session.id)), self._artifact_meta(session.id)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---- recovery -----------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Rebuild sessions from their logs and park artifacts; damaged records are skipped with a
+        warning, never fatal. Returns how many sessions were recovered."""
+        if self.dir is None:
+            return 0
+        for path in sorted((self.dir / "sessions").glob("*.jsonl")):
+            session = _replay(path)
+            if session is None:
+                continue
+            if session.state != "closed":
+                session.artifact_tokens = self._read_artifact(session)
+                if session.artifact_tokens:
+                    session.state = "parked"
+            self.sessions[session.id] = session
+        if self.sessions:
+            log.info("recovered %d sessions from %s", len(self.sessions), self.dir)
+        return len(self.sessions)
+
+    def _read_artifact(self, session: Session) -> list[int] | None:
+        meta_path = self._artifact_meta(session.id)
+        kv_path = Path(self.artifact_path(session.id))
+        if not meta_path.exists() and not kv_path.exists():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            tokens = meta["tokens"]
+            if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens)):
+                raise ValueError("no token list")
+            if kv_path.stat().st_size == 0:
+                raise ValueError("empty KV file")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("session %s: park artifact unusable (%s); its next turn prefills again",
+                        session.id, exc)
+            return None
+        return tokens
+
+
+def _replay(path: Path) -> Session | None:
+    """A session from its log, or None if the log has no valid create record."""
+    session = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                op = rec["op"]
+                if session is None:
+                    if op != "create":
+                        raise ValueError("the first record is not a create")
+                    session = Session(id=rec["id"], model=rec["model"], qos=rec["qos"],
+                                      system=rec.get("system"), created=float(rec.get("created", 0)))
+                elif op == "turn":
+                    if not isinstance(rec["messages"], list) or not isinstance(rec["reply"], dict):
+                        raise ValueError("a turn needs messages and a reply")
+                    session.messages.extend(rec["messages"])
+                    session.messages.append(rec["reply"])
+                    session.turns += 1
+                elif op == "qos":
+                    session.qos = rec["qos"]
+                elif op == "close":
+                    session.state = "closed"
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("session log %s line %d skipped: %s", path, n, exc)
+                if session is None:
+                    return None
+    return session
