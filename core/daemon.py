@@ -117,7 +117,8 @@ class Daemon:
             raise ModelNotFound(f"The model {name!r} does not exist", param="model")
         runtime.state = "unloading"
         log.info("model %s: unloading (draining up to %.1f s)", name, drain_timeout)
-        runtime.scheduler.close(timeout=drain_timeout, reason=f"model {name!r} was unloaded")
+        runtime.scheduler.close(timeout=drain_timeout, reason=f"model {name!r} was unloaded; retry later",
+                                code="model_unloaded")
         runtime.engine.close()
         self.unloaded[name] = runtime.config
         self.models.pop(name, None)
@@ -164,6 +165,9 @@ class Daemon:
             await stop.wait()
             await self._drain(force)
             await loop.run_in_executor(None, self.persist_sessions)
+            # What did not finish in time fails now with a clear error, so no handler is left
+            # waiting when the front ends close.
+            await loop.run_in_executor(None, self.stop_schedulers)
         finally:
             for fe in reversed(frontends):
                 await fe.stop()
@@ -208,6 +212,10 @@ class Daemon:
             tokens = runtime.scheduler.save_prefix(session.prompt_tokens, path)
         self.sessions.parked(session, tokens)
         return len(tokens or [])
+
+    def stop_schedulers(self) -> None:
+        for runtime in list(self.models.values()):
+            runtime.scheduler.close(timeout=0.5)
 
     def close(self) -> None:
         for runtime in self.models.values():

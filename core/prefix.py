@@ -37,6 +37,15 @@ class SlotCache:
         self._used: dict[int, float] = {}
         self._pins = [p for p in (pinned or []) if p]
 
+    def pin(self, tokens: list[int]) -> None:
+        """Pin a prefix at runtime (a session's system prompt); pins are counted, not deduplicated."""
+        if tokens:
+            self._pins.append(list(tokens))
+
+    def unpin(self, tokens: list[int]) -> None:
+        if tokens in self._pins:
+            self._pins.remove(tokens)
+
     def store(self, slot: int, tokens: list[int]) -> None:
         if tokens:
             self._tokens[slot] = tokens

@@ -95,7 +95,7 @@ class Scheduler:
         self._preempted = 0
         self._arrivals = 0
         self._crashes: list[float] = []
-        self._pins = settings.extra.get("pinned-tokens") or []
+        self._pins = list(settings.extra.get("pinned-tokens") or [])
         self.cache = SlotCache(self._pins)
         self.host = HostTier(settings.extra.get("host-cache-mb", 0) << 20)
         self.pressure_sources = list(pressure_sources or [])
@@ -110,7 +110,8 @@ class Scheduler:
         self._loads: list[tuple[str, list[int]]] = []  # park artifacts to read at the next tick
         self._saving: dict[str, _SaveOp] = {}
         self._staged_loads: list[tuple[str, str]] = []
-        self._close_reason = f"model {name!r} is shutting down"
+        self._copy_sources: set[int] = set()
+        self._close_reason, self._close_code = f"model {name!r} is shutting down", "shutting_down"
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -174,6 +175,19 @@ class Scheduler:
             return None
         return op.saved
 
+    def pin_prefix(self, tokens: list[int], pin: bool = True) -> None:
+        """Pin (or, with ``pin`` false, unpin) a prompt prefix at runtime: cached KV starting
+        with it is evicted last, like --pin-prompt's."""
+        tokens = list(tokens)
+        with self._cv:
+            if pin:
+                self._pins.append(tokens)
+                self.cache.pin(tokens)
+            else:
+                if tokens in self._pins:
+                    self._pins.remove(tokens)
+                self.cache.unpin(tokens)
+
     def adopt_prefix(self, tokens: list[int], path: str) -> bool:
         """Load a park artifact holding ``tokens`` into the host tier at the next tick, so the next
         request that starts with them restores instead of prefilling. False if unsupported."""
@@ -211,9 +225,11 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}", daemon=True)
         self._thread.start()
 
-    def close(self, timeout: float = 10.0, reason: str | None = None) -> None:
-        """Stop admitting; let running lanes finish for up to ``timeout`` s, then fail them."""
+    def close(self, timeout: float = 10.0, reason: str | None = None, code: str = "shutting_down") -> None:
+        """Stop admitting; let running lanes finish for up to ``timeout`` s, then fail them
+        (503 with ``reason`` and ``code``)."""
         self._close_reason = reason or f"model {self.name!r} is shutting down"
+        self._close_code = code
         with self._cv:
             self._closed = True
             for lane in list(self.queue):
@@ -231,7 +247,7 @@ class Scheduler:
             self._thread.join(10)
 
     def _closed_error(self) -> ServiceUnavailable:
-        return ServiceUnavailable(self._close_reason, code="model_unloaded", headers={"Retry-After": "5"})
+        return ServiceUnavailable(self._close_reason, code=self._close_code, headers={"Retry-After": "5"})
 
     def busy(self) -> bool:
         with self._cv:
@@ -355,6 +371,7 @@ class Scheduler:
 
     def _admit(self, now: float) -> None:
         """Fill free lanes in policy order; with none free, let the policy preempt for a queued lane."""
+        self._copy_sources = set()  # free slots lanes copy from this tick: not to be overwritten in it
         self._expire(now)
         waiting = self._waiting_for_shared_prefix(self.lanes) if self._free_slots else set()
         while self.queue:
@@ -397,12 +414,19 @@ class Scheduler:
 
     def _seed(self, lane: Lane) -> int:
         """Pick the lane's slot and seed it from the prefix cache or a running lane; the slot."""
-        free = self._free_slots
+        free = [s for s in self._free_slots if s not in self._copy_sources]
         if (lane.parked is not None or not self.engine.capabilities.prefix_cache
                 or not lane.request.reuse_prefix):
             slot, reuse = self.cache.best_slot([], free)[0], 0
         else:
             slot, reuse = self.cache.best_slot(lane.tokens, free)
+            spare = [s for s in free if not self.cache.tokens(s)]
+            if reuse and spare and len(self.cache.tokens(slot)) > reuse + MIN_REUSE:
+                # The cache holds more than this lane shares (another conversation that branched
+                # off here): copy the shared part into an empty slot and keep the cache whole.
+                lane.copy_from = slot
+                self._copy_sources.add(slot)
+                slot = spare[-1]
             for donor in self.lanes:  # a running lane's KV may hold more of this prompt
                 source = _kv_source(donor)
                 if source is None:
@@ -420,7 +444,7 @@ class Scheduler:
         old = self.cache.tokens(slot)
         if old and (reuse == 0 or lane.copy_from is not None or lane.restore_prefix is not None):
             self._evict_to_host(slot, old, "slot_reuse")  # this slot's cache is about to be overwritten
-        free.remove(slot)
+        self._free_slots.remove(slot)
         self.cache.forget(slot)
         if reuse:
             lane.n_cached = reuse
@@ -572,12 +596,13 @@ class Scheduler:
             if res is None:
                 continue
             if res.restore_failed:  # the parked KV was lost or unusable: prefill everything again
-                lane.n_cached, lane.needs_reset = 0, True
                 if prefix_key is not None:
+                    lane.n_reused = max(0, lane.n_reused - lane.n_cached)  # it was not reused after all
                     log.warning("model %s: cached prefix %s could not be restored; prefilling", self.name,
                                 prefix_key)
                     self.host.remove(prefix_key)
                     self._drop_parked.append(prefix_key)
+                lane.n_cached, lane.needs_reset = 0, True
                 continue
             lane.n_cached += res.n_fed
             lane.n_prefilled += res.n_prefill

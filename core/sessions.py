@@ -42,6 +42,7 @@ class Session:
     model: str
     qos: str
     system: str | None = None
+    pin_system: bool = False  # the system prompt's cached KV is evicted last while the session is open
     created: float = attrs.field(factory=time.time)
     messages: list[dict] = attrs.field(factory=list)   # every turn's messages and replies, in order
     turns: int = 0
@@ -50,6 +51,7 @@ class Session:
     artifact_tokens: list[int] | None = None           # what the park artifact on disk holds
     artifact_loaded: bool = False                       # adopted by this process's engine
     busy: bool = False                                  # a turn is running
+    pinned_tokens: list[int] | None = None              # the pin this process's scheduler holds
 
     def history(self) -> list[dict]:
         """The messages a new turn's prompt starts with."""
@@ -58,7 +60,7 @@ class Session:
 
     def view(self) -> dict:
         return {"id": self.id, "object": "session", "model": self.model, "qos": self.qos,
-                "system": self.system, "state": self.state, "turns": self.turns,
+                "system": self.system, "pin_system": self.pin_system, "state": self.state, "turns": self.turns,
                 "created": int(self.created), "busy": self.busy,
                 "parked_tokens": len(self.artifact_tokens or [])}
 
@@ -105,11 +107,12 @@ class SessionStore:
 
     # ---- operations ----------------------------------------------------------------------------
 
-    def create(self, model: str, qos: str, system: str | None) -> Session:
-        session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system)
+    def create(self, model: str, qos: str, system: str | None, pin_system: bool = False) -> Session:
+        session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system,
+                          pin_system=pin_system)
         self.sessions[session.id] = session
         self._append(session, {"op": "create", "id": session.id, "model": model, "qos": qos,
-                               "system": system, "created": session.created})
+                               "system": system, "pin_system": pin_system, "created": session.created})
         log.info("session %s created on %s (%s)", session.id, model, qos)
         return session
 
@@ -215,7 +218,8 @@ def _replay(path: Path) -> Session | None:
                     if op != "create":
                         raise ValueError("the first record is not a create")
                     session = Session(id=rec["id"], model=rec["model"], qos=rec["qos"],
-                                      system=rec.get("system"), created=float(rec.get("created", 0)))
+                                      system=rec.get("system"), pin_system=bool(rec.get("pin_system")),
+                                      created=float(rec.get("created", 0)))
                 elif op == "turn":
                     if not isinstance(rec["messages"], list) or not isinstance(rec["reply"], dict):
                         raise ValueError("a turn needs messages and a reply")
