@@ -1,2 +1,9 @@
-"""The MLX engine adapter (mlx-lm). Not built yet: it is not registered as an engine, so
-``--engine mlx`` fails at startup with the list of installed engines."""
+"""MLX through mlx-lm's model call and KV cache classes, in a supervised worker process."""
+
+from superfluid.core.hookspecs import hookimpl
+
+
+@hookimpl
+def superfluid_add_engines(registry):
+    from .engine import MlxEngine
+    registry.add("mlx", MlxEngine)

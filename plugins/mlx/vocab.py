@@ -1,0 +1,190 @@
+"""The tokenizer, loaded in the daemon (weights stay in the worker).
+
+For a GGUF the tokenizer is llama.cpp's own, from a vocab-only load of the same file (llama.cpp
+is a core dependency, so this costs nothing extra): the token ids, the chat template and the
+special tokens are exactly what the llama.cpp engine uses on that file, which is what lets one
+file serve both engines and their outputs be compared token for token. (transformers can build a
+tokenizer from GGUF metadata too, but needs the ``gguf`` package and converts the vocabulary
+into a different implementation, with its own normalization corner cases.)
+
+For an mlx-lm model directory the tokenizer is the directory's Hugging Face tokenizer, loaded
+through transformers as mlx-lm does."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import os
+
+from superfluid.core.engine import ModelInfo
+from superfluid.core.errors import ConfigError
+
+
+class GGUFVocab:
+    def __init__(self, path: str, name: str):
+        import llama_cpp
+        import llama_cpp._logger  # routes llama.cpp's log through Python logging
+
+        self._lc = llama_cpp
+        llama_cpp._logger.logger.setLevel(logging.ERROR)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self._model:
+            raise ConfigError(f"model {name!r}: cannot read {path} as a GGUF model")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        v, lc = self._vocab, llama_cpp
+
+        def tok(t: int) -> int | None:
+            return None if t < 0 else t
+
+        def text(t: int) -> str:
+            return "" if t < 0 else self.piece(t, special=True).decode("utf-8", errors="replace")
+
+        arch = self.meta("general.architecture") or ""
+        try:
+            n_ctx_train = int(self.meta(f"{arch}.context_length") or 0)
+        except ValueError:
+            n_ctx_train = 0
+        bos, eos = lc.llama_vocab_bos(v), lc.llama_vocab_eos(v)
+        self.info = ModelInfo(
+            name=name, path=path, chat_template=self.meta("tokenizer.chat_template"),
+            bos_token=text(bos), eos_token=text(eos), bos_id=tok(bos),
+            add_bos=bool(lc.llama_vocab_get_add_bos(v)),
+            fim_prefix=tok(lc.llama_vocab_fim_pre(v)), fim_suffix=tok(lc.llama_vocab_fim_suf(v)),
+            fim_middle=tok(lc.llama_vocab_fim_mid(v)), n_vocab=self.n_vocab, n_ctx_train=n_ctx_train)
+        self.eog = {t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(v, t)}
+
+    def meta(self, key: str) -> str | None:
+        lc = self._lc
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        lc = self._lc
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (lc.llama_token * n_max)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (lc.llama_token * n_max)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        lc = self._lc
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    @functools.lru_cache(maxsize=1 << 17)
+    def token_bytes(self, token: int) -> bytes:
+        if not 0 <= token < self.n_vocab:
+            return b""
+        return self.piece(token, special=False)
+
+    def close(self) -> None:
+        if self._model:
+            self._lc.llama_model_free(self._model)
+            self._model = None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE: the printable character that stands for each byte, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class HFVocab:
+    """A model directory's Hugging Face tokenizer (transformers, as mlx-lm loads it)."""
+
+    def __init__(self, path: str, name: str):
+        from transformers import AutoTokenizer
+
+        try:
+            self.tok = AutoTokenizer.from_pretrained(path)
+        except Exception as exc:
+            raise ConfigError(f"model {name!r}: cannot load the tokenizer in {path}: {exc}") from None
+        with open(os.path.join(path, "config.json")) as fh:
+            config = json.load(fh)
+        t = self.tok
+        self.n_vocab = max(len(t), int(config.get("vocab_size") or 0))
+        self.special = set(t.all_special_ids) | {i for i, added in t.added_tokens_decoder.items()
+                                                  if getattr(added, "special", False)}
+        self.byte_level = self._is_byte_level()
+        self._bytes = _byte_decoder() if self.byte_level else None
+        probe = t.encode("a", add_special_tokens=True)
+        self.info = ModelInfo(
+            name=name, path=path, chat_template=getattr(t, "chat_template", None),
+            bos_token=t.bos_token or "", eos_token=t.eos_token or "", bos_id=t.bos_token_id,
+            add_bos=bool(t.bos_token_id is not None and probe[:1] == [t.bos_token_id]),
+            n_vocab=self.n_vocab,
+            n_ctx_train=int(config.get("max_position_embeddings") or 0))
+        eos = config.get("eos_token_id")
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eog = {int(e) for e in eos if e is not None}
+        if t.eos_token_id is not None:
+            self.eog.add(t.eos_token_id)
+        gen = os.path.join(path, "generation_config.json")
+        if os.path.isfile(gen):
+            with open(gen) as fh:
+                g = json.load(fh).get("eos_token_id")
+            self.eog.update(int(e) for e in (g if isinstance(g, list) else [g]) if e is not None)
+
+    def _is_byte_level(self) -> bool:
+        try:
+            backend = json.loads(self.tok.backend_tokenizer.to_str())
+        except Exception:
+            return False
+        return "ByteLevel" in json.dumps(backend.get("decoder") or {})
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        if not parse_special:
+            # transformers always parses special-token text; split it so it stays plain text
+            return self.tok.encode(text, add_special_tokens=add_special, split_special_tokens=True)
+        return self.tok.encode(text, add_special_tokens=add_special)
+
+    @functools.lru_cache(maxsize=1 << 17)
+    def token_bytes(self, token: int) -> bytes:
+        if token in self.special or not 0 <= token < len(self.tok):
+            return b""
+        piece = self.tok.convert_ids_to_tokens(token)
+        if piece is None:
+            return b""
+        if self._bytes is not None:
+            try:
+                return bytes(self._bytes[c] for c in piece)
+            except KeyError:
+                return piece.encode("utf-8")
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def close(self) -> None:
+        pass
+
+
+def open_vocab(path: str, name: str):
+    if os.path.isdir(path):
+        return HFVocab(path, name)
+    return GGUFVocab(path, name)

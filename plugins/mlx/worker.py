@@ -1,0 +1,64 @@
+"""The MLX worker process: loads the model and runs ticks sent over a pipe.
+
+As with llama.cpp, the runtime lives in a process of its own: a crash or a kill takes only the
+worker; the daemon sees the pipe close, restarts it, and the lanes resume from their tokens."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import attrs
+
+PREFILL_STEP = 2048  # tokens per prefill pass (the spec's "2048-token passes")
+
+
+@attrs.define(frozen=True)
+class WorkerSpec:
+    """Everything the worker needs (decided in the daemon)."""
+
+    path: str
+    max_lanes: int
+    max_context: int
+    eog: frozenset
+    step_tokens: int = PREFILL_STEP
+
+
+def kv_cells(max_lanes: int, max_context: int) -> int:
+    """The pool the scheduler's pressure watermarks see: lanes + 2 sequences (4..256) of
+    max-context cells each, as the llama.cpp adapter sizes its per-sequence buffers. MLX
+    allocates each slot's cache as it grows (256 cells at a time), so this is a budget."""
+    return min(max(max_lanes + 2, 4), 256) * max_context
+
+
+def main(conn, stop_flag, spec: WorkerSpec) -> None:
+    """Worker entry point (spawned). Messages: ("tick", plan) → ("ok", result) | ("error", text);
+    ("close",) ends the process."""
+    try:
+        import mlx.core as mx
+
+        from . import loader
+        from .runner import TickRunner
+
+        conn.send(("progress", 0))
+        model = loader.load(spec.path)
+        conn.send(("progress", 100))
+    except Exception as exc:  # noqa: BLE001  reported to the daemon, which fails the model
+        conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
+        return
+    capacity = kv_cells(spec.max_lanes, spec.max_context)
+    runner = TickRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens)
+    conn.send(("ready", {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()),
+                         "mlx": mx.__version__}))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg[0] == "tick":
+            try:
+                conn.send(("ok", runner.run(msg[1])))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+        elif msg[0] == "close":
+            break
