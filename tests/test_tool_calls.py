@@ -1,0 +1,221 @@
+"""Tool calls: parsing and rendering units, then the real server and SmolLM2 through the openai
+client (its plain ChatML template renders no tools, so these run the injected Hermes format)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from superfluid.core.chat import template_caps
+from superfluid.plugins.http import tool_calls as tc
+
+from .test_bad_input import body, post
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the current time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+          "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+          "{% endif %}")
+# A Qwen2.5-like template: renders tools, tool_calls (arguments through tojson) and tool results.
+NATIVE = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+          "\n</tools><|im_end|>\n{% endif %}{% for m in messages %}{% if m.tool_calls %}"
+          "<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", "
+          "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+          "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>"
+          "<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def plan(**kw):
+    return tc.plan({"tools": [WEATHER, TIME], **kw})
+
+
+# ---- units ----------------------------------------------------------------------------------
+
+def test_template_caps_are_probed():
+    assert template_caps(CHATML) == (False, False, True, False)
+    assert template_caps(NATIVE) == (True, True, True, True)
+
+
+def test_parse_tagged_calls_and_text_around():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' \
+           '<tool_call>{"name": "get_time", "parameters": {"timezone": "CET"}}</tool_call>'
+    got = tc.parse(text, "stop", plan())
+    assert got.content == "Let me check." and got.finish_reason == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got.calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "CET"})]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in got.calls)
+    assert len(tc.parse(text, "stop", plan(parallel_tool_calls=False)).calls) == 1
+
+
+def test_parse_bare_json_and_unclosed_call():
+    got = tc.parse('[{"name": "get_time", "arguments": "{\\"timezone\\": \\"UTC\\"}"}]', "stop", plan())
+    assert got.content is None and got.calls[0]["function"]["arguments"] == '{"timezone": "UTC"}'
+    got = tc.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', "stop", plan())
+    assert got.calls and got.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": ',  # truncated
+    '<tool_call>\n{"name": "launch_missiles", "arguments": {}}</tool_call>',  # not a declared tool
+    '<tool_call>\n{"name": "get_weather", "arguments": "Paris"}</tool_call>',  # arguments not an object
+    '{"name": "Paris"}', 'Plain text answer.'])
+def test_unparseable_calls_are_content(text):
+    got = tc.parse(text, "length", plan())
+    assert (got.content, got.calls, got.finish_reason) == (text, [], "length")
+
+
+@pytest.mark.parametrize("text", [
+    "Sure.\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\nDone.",
+    "  <tool_call>{\"name\": \"get_time\"}</tool_call>", "No <tool calls> here <tool_",
+    "<tool_call>{\"name\": \"nope\"}</tool_call> tail", "\n[1, 2]", "{\"name\": \"get_time\"}"])
+def test_stream_parser_assembles_to_parse(text):
+    tools = plan()
+    rng = random.Random(len(text))
+    for _ in range(20):
+        parser, sent, i = tc.StreamParser(tools), [], 0
+        while i < len(text):
+            n = rng.randint(1, 5)
+            sent.append(parser.feed(text[i:i + n]))
+            i += n
+        rest, parsed = parser.finish("stop")
+        assert "".join(sent) + rest == (parsed.content or "")
+        assert parsed.content == tc.parse(text, "stop", tools).content
+
+
+def test_history_renders_as_text_for_a_template_without_tools():
+    history = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21C, sunny"}]
+    text = tc.render_prompt(CHATML, history, plan(), add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n# Tools\n") and '"name": "get_time"' in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n21C, sunny\n</tool_response>') in text
+    forced = tc.render_prompt(CHATML, history, plan(tool_choice=NAMED), add_generation_prompt=True)
+    assert forced == text + '<tool_call>\n{"name": "get_weather", "arguments": {'
+    native = tc.render_prompt(NATIVE, history, plan(), add_generation_prompt=True)
+    assert native.startswith("<|im_start|>system\n<tools>") and "# Tools" not in native
+    assert '"arguments": {"city": "Paris"}}' in native  # the template wants objects: it got one
+
+
+# ---- the real server ------------------------------------------------------------------------
+
+def ask(client, **kw):
+    args = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=64)
+    return client.chat.completions.create(**(args | kw))
+
+
+def test_named_tool_choice_returns_that_call(client):
+    r = ask(client, tool_choice=NAMED, extra_body={"cache_prompt": False})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason in ("tool_calls", "length")
+    assert len(msg.tool_calls) == 1 and msg.content is None
+    call = msg.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_required_with_one_tool_forces_it(client):
+    r = ask(client, tools=[TIME], tool_choice="required", extra_body={"cache_prompt": False},
+            messages=[{"role": "user", "content": "What time is it in Tokyo?"}])
+    assert r.choices[0].message.tool_calls[0].function.name == "get_time"
+
+
+def test_none_offers_no_tools(client):
+    plain = client.chat.completions.create(model="smollm2", messages=ASK, temperature=0, max_tokens=16)
+    r = ask(client, tool_choice="none", max_tokens=16)
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content == plain.choices[0].message.content
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens  # no tool descriptions in the prompt
+
+
+def test_tool_session_reuses_the_cached_prefix(client):
+    """An agent loop: each turn sends back the calls and their results; all of the previous turn's
+    prompt comes from the prefix cache (all but the last token, which is re-evaluated)."""
+    messages, previous, called = list(ASK), None, 0
+    for turn in range(4):
+        r = ask(client, messages=messages, tool_choice=NAMED, max_tokens=96,
+                extra_body={"cache_prompt": turn > 0})  # turn 0 prefilled fresh: a known reply
+        choice = r.choices[0]
+        if previous is not None:
+            assert r.usage.prompt_tokens_details.cached_tokens >= previous.usage.prompt_tokens - 1
+        if choice.message.tool_calls:
+            call = choice.message.tool_calls[0].model_dump()
+            called += 1
+        else:  # 135M params can ramble past max_tokens inside the arguments: then it is raw text
+            assert choice.finish_reason == "length" and choice.message.content.startswith("<tool_call>")
+            call = {"id": f"call_{turn}", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp_c": 20 + turn})},
+                     {"role": "user", "content": "And tomorrow?"}]
+        previous = r
+    assert called >= 1
+    final = ask(client, messages=messages, tool_choice="auto", max_tokens=16)
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert final.usage.prompt_tokens_details.cached_tokens >= previous.usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("choice", [NAMED, "auto"])
+def test_stream_assembles_to_the_whole_reply(client, choice):
+    kw = dict(tool_choice=choice, extra_body={"cache_prompt": False})  # same KV, same greedy tokens
+    whole = ask(client, **kw).choices[0]
+    content, calls, finish = "", {}, None
+    for chunk in ask(client, stream=True, **kw):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or []:
+                slot = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                slot["id"] = d.id or slot["id"]
+                slot["name"] += d.function.name or ""
+                slot["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert (content or None) == whole.message.content
+    assert finish == whole.finish_reason
+    expect = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == expect
+    assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+CHAT = {"model": "smollm2", "messages": ASK, "max_tokens": 4}
+BAD = [
+    ("tools not a list", {"tools": {"a": 1}}, "tools"),
+    ("tool not a function", {"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ("tool without function", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ("bad tool name", {"tools": [{"type": "function", "function": {"name": "get weather!"}}]},
+     "tools[0].function.name"),
+    ("duplicate tool", {"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ("parameters not an object", {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools[0].function.parameters"),
+    ("unknown tool_choice", {"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+    ("tool_choice names an undeclared tool", {"tools": [WEATHER], "tool_choice":
+                                               {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ("tool_choice malformed", {"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice"),
+    ("required without tools", {"tool_choice": "required"}, "tool_choice"),
+    ("parallel_tool_calls not a bool", {"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ("tool message without tool_call_id", {"messages": ASK + [{"role": "tool", "content": "x"}]},
+     "messages[1].tool_call_id"),
+    ("tool_calls not a list", {"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": 5}]},
+     "messages[1].tool_calls"),
+    ("tool call without id", {"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[1].tool_calls[0].id"),
+]
+
+
+@pytest.mark.parametrize("name,extra,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_tool_input_names_the_field(server, name, extra, param):
+    status, got = post(server, "/v1/chat/completions", body({**CHAT, **extra}))
+    assert status == 400, got
+    assert got["error"]["param"] == param
+    assert got["error"]["message"] and got["error"]["code"]
