@@ -8,9 +8,11 @@ import logging
 from aiohttp import web
 
 from . import catchup
+from .admin_routes import AdminRoutes
 from .errors import json_errors
 from .info_routes import InfoRoutes
 from .openai_routes import OpenAIRoutes
+from .session_routes import SessionRoutes
 
 log = logging.getLogger("superfluid.http")
 
@@ -19,7 +21,10 @@ MAX_BODY_BYTES = 64 << 20
 
 def build_app(daemon, config) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
-    OpenAIRoutes(daemon, config).add_to(app)
+    openai = OpenAIRoutes(daemon, config)
+    openai.add_to(app)
+    SessionRoutes(daemon, config, openai).add_to(app)
+    AdminRoutes(daemon).add_to(app)
     InfoRoutes(daemon).add_to(app)
     return app
 

@@ -22,7 +22,7 @@ class InfoRoutes:
 
     async def models(self, request: web.Request) -> web.Response:
         data = []
-        for name, rt in self.daemon.models.items():
+        for name, rt in list(self.daemon.models.items()):
             caps = rt.engine.capabilities
             data.append({"id": name, "object": "model", "created": self.started, "owned_by": "superfluid",
                          "meta": {"engine": rt.config.engine, "path": rt.engine.info.path,
@@ -32,16 +32,21 @@ class InfoRoutes:
     async def health(self, request: web.Request) -> web.Response:
         models = {}
         healthy = bool(self.daemon.models)
-        for name, rt in self.daemon.models.items():
+        for name, rt in list(self.daemon.models.items()):
             desc = rt.engine.describe()
             models[name] = {**desc, "lanes_busy": len(rt.scheduler.lanes), "queued": len(rt.scheduler.queue)}
+            if rt.state != "ready":
+                models[name]["state"] = rt.state
             healthy = healthy and desc.get("state", "ready") == "ready"
+        for name, state in self.daemon.model_states().items():
+            if state in ("unloaded", "loading"):  # taken out on purpose: reported, not unhealthy
+                models[name] = {"state": state}
         body = {"status": "ok" if healthy else "degraded", "models": models}
         return web.json_response(body, status=200 if healthy else 503)
 
     async def slots(self, request: web.Request) -> web.Response:
         wanted = request.query.get("model")
-        snaps = {name: rt.scheduler.snapshot() for name, rt in self.daemon.models.items()
+        snaps = {name: rt.scheduler.snapshot() for name, rt in list(self.daemon.models.items())
                  if wanted in (None, name)}
         if wanted is not None and not snaps:
             self.daemon.get(wanted)  # raises the 404 with the list of models

@@ -10,11 +10,10 @@ import uuid
 from aiohttp import web
 
 from superfluid.core import qos as qos_classes
-from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest, SuperfluidError
 from superfluid.core.request import Request
 
-from . import params
+from . import params, tool_calls
 from .access_log import log_generation
 from .bridge import EventBridge
 from .errors import error_response, from_exception
@@ -22,6 +21,12 @@ from .fim import FIM_CLASS, FimPolicy, fim_prompt
 
 QOS_HEADER = "x-superfluid-qos"
 BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
+TOOLS_KEY = "superfluid.tools"  # a chat request's ToolPlan, kept on the aiohttp request
+_NO_TOOLS = tool_calls.ToolPlan()
+
+
+def _tools(request) -> tool_calls.ToolPlan:
+    return request.get(TOOLS_KEY) or _NO_TOOLS
 
 
 async def read_body(request: web.Request) -> dict:
@@ -102,6 +107,23 @@ class OpenAIRoutes:
     async def infill(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "infill")
 
+    @staticmethod
+    def chat_prefix_tokens(runtime, messages: list[dict]) -> list[int]:
+        """The tokens a conversation starting with ``messages`` begins with (no generation
+        prompt): e.g. a session's system prompt, to pin its KV."""
+        from superfluid.core.chat import render_chat
+        info = runtime.engine.info
+        text = render_chat(info.chat_template, messages, bos_token=info.bos_token,
+                           eos_token=info.eos_token, add_generation_prompt=False)
+        add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
+        return runtime.engine.tokenize(text, add_special=add_bos, parse_special=True)
+
+    async def generate_chat(self, request: web.Request, body: dict, qos: str, on_finish) -> web.StreamResponse:
+        """A chat completion for another route (a session's turn): ``body`` instead of the
+        request's JSON, a fixed QoS class, and ``on_finish(text, event, prompt_tokens, parsed)``
+        (``parsed``: the reply split into content and tool calls, when tools were offered)."""
+        return await self._generate(request, "chat", body=body, qos=qos, on_finish=on_finish)
+
     # ---- building the request ------------------------------------------------------------------
 
     def _tokens(self, request, body: dict, kind: str):
@@ -121,10 +143,11 @@ class OpenAIRoutes:
         runtime = self.daemon.get(model)
         engine, info = runtime.engine, runtime.engine.info
         if kind == "chat":
-            if body.get("tools"):
-                raise InvalidRequest("tools are not supported yet", param="tools", code="unsupported_value")
-            text = render_chat(info.chat_template, params.chat_messages(body), bos_token=info.bos_token,
-                               eos_token=info.eos_token, add_generation_prompt=True)
+            tools = tool_calls.plan(body)
+            request[TOOLS_KEY] = tools  # read back by _prepare, _collect and _stream
+            text = tool_calls.render_prompt(info.chat_template, tool_calls.check_messages(params.chat_messages(body)),
+                                            tools, bos_token=info.bos_token, eos_token=info.eos_token,
+                                            add_generation_prompt=True)
             add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
             return runtime, engine.tokenize(text, add_special=add_bos, parse_special=True), False
         tokens = params.completion_prompt(body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
@@ -151,7 +174,7 @@ class OpenAIRoutes:
         include_usage = bool(opts.get("include_usage")) if stream else False
         req_args = dict(
             prompt_tokens=tokens, max_tokens=_max_tokens(body, kind != "completion", len(tokens), ctx),
-            sampling=params.sampling(body), stop=params.stop_strings(body),
+            sampling=params.sampling(body), stop=params.stop_strings(body) + _tools(request).stop,
             ignore_eos=params.boolean(body, "ignore_eos"), batch_invariant=invariant,
             reuse_prefix=params.boolean(body, "cache_prompt", True),
             qos=FIM_CLASS if fim else request_class(request, self.config),
@@ -159,14 +182,22 @@ class OpenAIRoutes:
             meta={"chat": kind == "chat", "fim": fim})
         return runtime, req_args, stream, include_usage
 
-    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, kind: str, body: dict | None = None,
+                        qos: str | None = None, on_finish=None) -> web.StreamResponse:
+        """Run one generation. ``body`` (default: the request's JSON) and ``qos`` (default: from the
+        headers) let other routes (sessions) reuse this; ``on_finish`` hears the complete reply
+        before the response ends (see :meth:`generate_chat`)."""
         arrived = time.monotonic()
-        body = await read_body(request)
+        if body is None:
+            body = await read_body(request)
         runtime, req_args, stream, include_usage = self._prepare(request, body, kind, arrived)
+        if qos is not None:
+            req_args["qos"] = qos
         bridge = EventBridge(asyncio.get_running_loop())
         req = Request(sink=bridge, arrived=arrived, **req_args)
         runtime.scheduler.submit(req)
         shape = _Shape(kind=kind, model=runtime.name)
+        shape.on_finish, shape.prompt_tokens = on_finish, req.prompt_tokens
         log_args = dict(model=runtime.name, qos=req.qos, prompt_tokens=len(req.prompt_tokens), arrived=arrived)
         try:
             if stream:
@@ -193,7 +224,11 @@ class OpenAIRoutes:
             elif event.kind == "finished":
                 log_generation(request, status=200, completion_tokens=event.completion_tokens,
                                timings=event.timings, finish=event.finish_reason, **log_args)
-                return web.json_response(shape.whole("".join(text), event))
+                tools = _tools(request)
+                reply = tools.prefill + "".join(text)  # the pre-fill is "" unless a call is forced
+                parsed = tool_calls.parse(reply, event.finish_reason, tools) if tools.active else None
+                shape.finished(reply, event, parsed)
+                return web.json_response(shape.whole(reply, event, parsed))
         raise AssertionError("event stream ended without a final event")
 
     async def _stream(self, request, bridge: EventBridge, shape: "_Shape", include_usage: bool,
@@ -203,17 +238,31 @@ class OpenAIRoutes:
         await resp.prepare(request)
         if shape.kind == "chat":
             await _send(resp, shape.chunk(role=True))
+        tools = _tools(request)
+        parser = tool_calls.StreamParser(tools) if tools.active else None
         async for event in bridge.events():
             if event.kind == "delta":
                 if event.text:
-                    await _send(resp, shape.chunk(text=event.text))
+                    shape.streamed.append(event.text)
+                    text = parser.feed(event.text) if parser else event.text
+                    if text:
+                        await _send(resp, shape.chunk(text=text))
             elif event.kind == "error":
                 log_generation(request, status=_status(event.error), completion_tokens=0,
                                timings=event.timings, finish="error", **log_args)
                 await _send(resp, _error_body(event.error))
                 break
             elif event.kind == "finished":
-                await _send(resp, shape.chunk(finish=event.finish_reason, event=event))
+                finish, parsed = event.finish_reason, None
+                if parser:  # what was held back: the rest of the content, then the calls whole
+                    rest, parsed = parser.finish(finish)
+                    if rest:
+                        await _send(resp, shape.chunk(text=rest))
+                    if parsed.calls:
+                        await _send(resp, shape.chunk(tool_calls=tool_calls.stream_deltas(parsed.calls)))
+                    finish = parsed.finish_reason
+                shape.finished(tools.prefill + "".join(shape.streamed), event, parsed)
+                await _send(resp, shape.chunk(finish=finish, event=event))
                 if include_usage:
                     await _send(resp, shape.usage_chunk(event))
                 log_generation(request, status=200, completion_tokens=event.completion_tokens,
@@ -222,6 +271,21 @@ class OpenAIRoutes:
             await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def _server_timings(event) -> dict:
+    """The server's own view of a request, in llama.cpp server's names plus queue and TTFT:
+    what a client needs to tell queueing, prefill and decode apart."""
+    t = event.timings or {}
+
+    def ms(start: str, end: str) -> float | None:
+        if t.get(start) is None or t.get(end) is None:
+            return None
+        return round((t[end] - t[start]) * 1000, 3)
+
+    return {"queued_ms": ms("arrived", "admitted_at"), "ttft_ms": ms("arrived", "first_token_at"),
+            "prompt_n": t.get("prefilled", 0), "prompt_ms": ms("admitted_at", "first_token_at"),
+            "predicted_n": event.completion_tokens, "predicted_ms": ms("first_token_at", "finished_at")}
 
 
 async def _send(resp: web.StreamResponse, obj: dict) -> None:
@@ -252,28 +316,41 @@ class _Shape:
         self.model = model
         self.created = int(time.time())
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.on_finish = None  # on_finish(text, event, prompt_tokens, parsed tool calls): for a session's log
+        self.prompt_tokens: list[int] = []
+        self.streamed: list[str] = []
+
+    def finished(self, text: str, event, parsed=None) -> None:
+        if self.on_finish is not None:
+            self.on_finish(text, event, self.prompt_tokens, parsed)
 
     def _usage(self, event) -> dict:
         return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
                 "total_tokens": event.prompt_tokens + event.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
 
-    def whole(self, text: str, event) -> dict:
+    def whole(self, text: str, event, parsed: "tool_calls.Parsed | None" = None) -> dict:
         if self.kind == "infill":
             return {"content": text, "model": self.model, "stop": True,
                     "finish_reason": event.finish_reason, "tokens_predicted": event.completion_tokens,
                     "tokens_evaluated": event.prompt_tokens, "usage": self._usage(event)}
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": event.finish_reason}
+            message = {"role": "assistant", "content": text}
+            finish = event.finish_reason
+            if parsed is not None:  # tools were offered: the reply split into content and calls
+                message["content"], finish = parsed.content, parsed.finish_reason
+                if parsed.calls:
+                    message["tool_calls"] = parsed.calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self._usage(event)}
+                "choices": [choice], "usage": self._usage(event), "timings": _server_timings(event)}
 
-    def chunk(self, text: str = "", finish: str | None = None, role: bool = False, event=None) -> dict:
+    def chunk(self, text: str = "", finish: str | None = None, role: bool = False, event=None,
+              tool_calls: list | None = None) -> dict:
         if self.kind == "infill":
             out = {"content": text, "stop": finish is not None}
             if event is not None:
@@ -282,6 +359,8 @@ class _Shape:
             return out
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
@@ -292,4 +371,5 @@ class _Shape:
 
     def usage_chunk(self, event) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.model, "choices": [], "usage": self._usage(event)}
+                "created": self.created, "model": self.model, "choices": [], "usage": self._usage(event),
+                "timings": _server_timings(event)}
