@@ -70,30 +70,49 @@ async def one(session, base, model, prompt, timeout):
             "prompt_tokens": (usage or {}).get("prompt_tokens")}
 
 
-async def run_target(name, base, args):
+def prompts(args) -> list[str]:
+    """The burst: ``args.requests`` prompts sharing ``shared_prefix(args.prefix_tokens)``."""
     prefix = shared_prefix(args.prefix_tokens)
-    prompts = [prefix + f"Question {i}: which peer compacts section {i}?<|im_end|>\n<|im_start|>assistant\n"
-               for i in range(args.requests)]
-    async with aiohttp.ClientSession() as session:
-        model = args.model or await first_model(session, base, 30)
-        # how long the prefix is in tokens, and each prompt: one request alone measures it
-        before = await prefilled(session, base)
-        t0 = time.monotonic()
-        results = await asyncio.gather(*[one(session, base, model, p, args.timeout) for p in prompts])
-        wall = time.monotonic() - t0
-        after = await prefilled(session, base)
+    return [prefix + f"Question {i}: which peer compacts section {i}?<|im_end|>\n<|im_start|>assistant\n"
+            for i in range(args.requests)]
+
+
+def times_prefilled(prefilled: float | None, prompt_tokens: list[int]) -> float | None:
+    """How many times the shared prefix was prefilled, given the tokens prefilled for the whole
+    burst and each prompt's length: the prefix is what every prompt shares (conservatively the
+    shortest prompt less 24 suffix tokens); each prompt's rest is its own suffix."""
+    if prefilled is None or not prompt_tokens:
+        return None
+    shared = min(prompt_tokens) - 24
+    if shared <= 0:
+        return None
+    suffixes = sum(p - shared for p in prompt_tokens)
+    return (prefilled - suffixes) / shared
+
+
+async def run_target(name, base, args, session=None):
+    """Run the burst against one server; ``session`` reuses the caller's aiohttp session."""
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            return await run_target(name, base, args, own)
+    batch = prompts(args)
+    model = args.model or await first_model(session, base, 30)
+    before = await prefilled(session, base)
+    t0 = time.monotonic()
+    results = await asyncio.gather(*[one(session, base, model, p, args.timeout) for p in batch])
+    wall = time.monotonic() - t0
+    after = await prefilled(session, base)
     prompt_tokens = [r["prompt_tokens"] for r in results if r["prompt_tokens"]]
     shared = min(prompt_tokens) - 24 if prompt_tokens else None  # conservatively: what all share
-    times = None
-    if before is not None and after is not None and shared:
-        suffixes = sum(p - shared for p in prompt_tokens)
-        times = (after - before - suffixes) / shared
+    total = None if before is None or after is None else after - before
+    times = times_prefilled(total, prompt_tokens)
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
     out = {"target": name, "requests": len(results), "completed": sum(r["ok"] for r in results),
-           "shared_prefix_tokens": shared, "prefilled_tokens": None if after is None else after - before,
+           "shared_prefix_tokens": shared, "prefilled_tokens": total,
            "times_prefix_prefilled": times, "median_ttft_s": statistics.median(ttfts) if ttfts else None,
-           "wall_s": wall}
-    print(f"{name}: {json.dumps(out)}", file=sys.stderr, flush=True)
+           "wall_s": wall, "prompt_tokens": prompt_tokens}
+    print(f"{name}: {json.dumps({k: v for k, v in out.items() if k != 'prompt_tokens'})}",
+          file=sys.stderr, flush=True)
     return out
 
 

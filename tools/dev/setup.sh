@@ -20,6 +20,6 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 'import superfluid.core, llama_cpp' 2>/dev/null; then
     echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes)" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[dev,mlx]"
+    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite]"
     echo "$want" > "$stamp"
 fi

@@ -1,0 +1,5 @@
+import sys
+
+from tools.suite.cli import main
+
+sys.exit(main())
