@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -51,6 +52,17 @@ class ServerProcess:
         with urllib.request.urlopen(self.base + path, timeout=10) as r:
             return json.loads(r.read())
 
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+        """(status, JSON body) of one request; an HTTP error status is returned, not raised."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
     def metrics(self) -> dict[str, float]:
         """Prometheus samples as {"name{labels}": value}."""
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
@@ -61,6 +73,20 @@ class ServerProcess:
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
+
+    def settled_metric(self, name: str, timeout: float = 3.0) -> float:
+        """The sum of a metric's samples once two reads 0.1 s apart agree: a response can reach
+        the client just before the scheduler records the tick that produced it."""
+        def read() -> float:
+            return sum(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+        value, deadline = read(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            again = read()
+            if again == value:
+                break
+            value = again
+        return value
 
     def log(self) -> str:
         try:

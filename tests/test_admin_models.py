@@ -73,15 +73,7 @@ async def _one(base: str) -> dict:
 
 
 def _post(srv, path: str, body: dict | None = None) -> tuple[int, dict]:
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(srv.base + path, data=json.dumps(body or {}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return srv.call("POST", path, body or {})
 
 
 @pytest.mark.parametrize("path,body,status,code", [

@@ -15,7 +15,7 @@ LONG_DOC = " ".join(f"Note {i}: the cache layer keeps hot entries close to the s
 
 
 def metric(server, name):
-    return sum(v for k, v in server.metrics().items() if k.split("{")[0] == name)
+    return server.settled_metric(name)
 
 
 def post(server, path, body):

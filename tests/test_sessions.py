@@ -3,10 +3,7 @@ and a daemon restart that serves the next turn from the park artifact."""
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -16,14 +13,7 @@ SYSTEM = ("You are a careful assistant for a library. Answer briefly and politel
 
 
 def call(srv, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(srv.base + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return srv.call(method, path, body)
 
 
 def turn(srv, sid: str, text: str, **extra) -> dict:
