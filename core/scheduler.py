@@ -75,6 +75,7 @@ class TickStats:
     host_entries: int = 0       # prefixes held in host memory
     host_bytes: int = 0
     pressure: str = "ok"        # the worst level the pressure sources reported
+    pool_rejections: int = 0    # plans the KV pool could not hold (freed room and retried)
 
 
 class Scheduler:
@@ -111,6 +112,9 @@ class Scheduler:
         self._saving: dict[str, _SaveOp] = {}
         self._staged_loads: list[tuple[str, str]] = []
         self._copy_sources: set[int] = set()
+        self._pool_cap: int | None = None  # after the KV pool refused a plan: most lanes it holds for now
+        self._pool_stuck = 0    # ticks in a row the pool refused without any progress
+        self._rejections = 0    # refused plans since the last stats
         self._close_reason, self._close_code = f"model {name!r} is shutting down", "shutting_down"
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -383,7 +387,7 @@ class Scheduler:
                                                   now=now, settings=self.settings)
             if lane is None:
                 return
-            if not self._free_slots:
+            if not self._free_slots or not self._pool_room(lane):
                 victim = self.hook.superfluid_choose_victim(lane=lane, lanes=list(self.lanes),
                                                             settings=self.settings)
                 if victim is None or victim not in self.lanes or victim.pinned:
@@ -391,6 +395,22 @@ class Scheduler:
                 self._preempt(victim)
             self._bind(lane, now)
             waiting |= self._waiting_for_shared_prefix([lane])
+
+    def _pool_room(self, lane: Lane) -> bool:
+        """Whether the KV pool has room for one more lane. Unbounded until the pool has refused a
+        plan; then no more lanes than it held are admitted, plus one whenever the live lanes'
+        cells, what they still have to prefill and ``lane``'s prompt stay under --pressure-low."""
+        if self._pool_cap is None or len(self.lanes) < self._pool_cap:
+            return True
+        used, capacity = self.kv
+        live = max(0, used - self.cache.cached_tokens())  # cached prefixes can be evicted
+        pending = sum(l.to_feed for l in self.lanes if l.is_prefilling) + lane.to_feed
+        if capacity and live + pending <= capacity * self.settings.extra.get("pressure-low", 0.70):
+            self._pool_cap += 1
+            if self._pool_cap >= self.settings.max_batch:
+                self._pool_cap = None
+            return True
+        return False
 
     def _waiting_for_shared_prefix(self, lanes: list[Lane]) -> set[Lane]:
         """Queued lanes whose prompt starts with a prefix one of ``lanes`` is still prefilling:
@@ -479,6 +499,44 @@ class Scheduler:
             self._release.append(slot)
             used -= len(tokens)
 
+    def _pool_refused(self, refused: int, used: int, capacity: int, progressed: bool) -> None:
+        """Replan: the engine's KV pool (``used`` of ``capacity`` cells) could not hold the plan's
+        next step (``refused`` tokens). Free at least the shortfall: cached prefixes first
+        (unpinned least recently used first, pinned last); with none left, requeue the newest
+        lanes (never failed: they resume from their tokens) and admit no more lanes than the pool
+        now holds. The next tick plans what was left undone."""
+        self._rejections += 1
+        self._pool_stuck = 0 if progressed else self._pool_stuck + 1
+        short = max(1, refused - max(0, capacity - used))
+        freed = 0
+        for slot in self.cache.lru_slots():
+            if freed >= short:
+                break
+            tokens = self.cache.tokens(slot)
+            self._evict_to_host(slot, tokens, "pool_full")
+            self.cache.forget(slot)
+            self._release.append(slot)
+            freed += len(tokens)
+        if freed:
+            log.info("model %s: KV pool full (%d tokens refused): evicted %d cached tokens",
+                     self.name, refused, freed)
+            return
+        victims = sorted((l for l in self.lanes if not l.pinned), key=lambda l: l.admitted_at or 0.0)
+        if len(self.lanes) > 1:
+            victims = victims[-(len(self.lanes) - 1):]  # one lane always stays: the pool holds it alone
+        else:
+            victims = []
+        while victims and freed < short:
+            lane = victims.pop()  # newest first
+            freed += lane.n_cached + (lane.to_feed if lane.is_prefilling else 1)  # its cells and its demand
+            log.info("model %s: KV pool full (%d tokens refused): requeueing %s", self.name, refused, lane.id)
+            self._preempt(lane)
+        if freed:
+            self._pool_cap = max(1, len(self.lanes))
+        elif self._pool_stuck >= 3 and self.lanes:  # nothing left to free, no progress: give up the newest
+            lane = max(self.lanes, key=lambda l: l.admitted_at or 0.0)
+            self._fail(lane, EngineFailure(f"model {self.name!r}: the KV pool cannot hold this request"))
+
     def _check_pressure(self, now: float) -> None:
         """OS pressure: a warning runs one eviction round, critical also preempts every decoding
         background lane. Either drops the host-memory prefixes first and keeps the host tier
@@ -537,11 +595,22 @@ class Scheduler:
     def _preempt(self, lane: Lane) -> None:
         """Stop a running lane and requeue it at the head of its class; park its KV if allowed."""
         slot = lane.slot
+        if lane.needs_reset:  # its seed never ran: the slot does not hold its KV yet
+            if lane.restore is not None:
+                self._drop_parked.append(lane.restore)
+            elif lane.n_cached:
+                lane.n_reused = max(0, lane.n_reused - lane.n_cached)  # the cache hit did not happen
+            lane.n_cached = 0
+            lane.restore = lane.restore_prefix = None
         if self.settings.extra.get("park") and self._host_open() and lane.n_cached > 0:
             key = f"{lane.id}#{lane.preemptions}"
             self._park.append((slot, key))
             self._parked[key] = lane
             lane.parked, lane.parked_tokens = key, lane.n_cached
+        for other in self.lanes:  # lanes still to copy their seed from this slot prefill instead
+            if other is not lane and other.needs_reset and other.copy_from == slot:
+                other.n_reused = max(0, other.n_reused - other.n_cached)
+                other.n_cached, other.copy_from = 0, None
         lane.n_cached = 0
         lane.restore = None
         lane.preemptions += 1
@@ -595,11 +664,13 @@ class Scheduler:
             res = result.lanes.get(lp.slot)
             if res is None:
                 continue
-            if res.restore_failed:  # the parked KV was lost or unusable: prefill everything again
+            if res.restore_failed:  # the seed was lost or unusable: prefill everything again
+                if lp.pos and (lp.restore is None or lp.keep_parked):  # a cache hit, not its own parked KV
+                    lane.n_reused = max(0, lane.n_reused - lp.pos)  # it was not reused after all
+                    log.warning("model %s: cached prefix %s could not seed %s; prefilling", self.name,
+                                prefix_key or f"of slot {lp.copy_from if lp.copy_from is not None else lp.slot}",
+                                lane.id)
                 if prefix_key is not None:
-                    lane.n_reused = max(0, lane.n_reused - lane.n_cached)  # it was not reused after all
-                    log.warning("model %s: cached prefix %s could not be restored; prefilling", self.name,
-                                prefix_key)
                     self.host.remove(prefix_key)
                     self._drop_parked.append(prefix_key)
                 lane.n_cached, lane.needs_reset = 0, True
@@ -636,7 +707,13 @@ class Scheduler:
             self._drop_parked.extend(dropped)
             self._evictions["host_lru"] = self._evictions.get("host_lru", 0) + len(dropped)
         self._check_pressure(now)  # first: under OS pressure nothing may move to host memory
+        if result.rejected_tokens:
+            self._pool_refused(result.rejected_tokens, result.kv_used, result.kv_capacity,
+                               progressed=bool(prefilled or decode_tokens))
+        else:
+            self._pool_stuck = 0
         self._relieve_pressure(result.kv_used, result.kv_capacity)
+        rejections, self._rejections = self._rejections, 0
         evictions, self._evictions = self._evictions, {}
         preempted, promoted, hits, hit_tokens = self._preempted, self._promoted, self._hits, self._hit_tokens
         self._preempted = self._promoted = self._hits = self._hit_tokens = 0
@@ -651,7 +728,7 @@ class Scheduler:
             preempted=preempted, promoted=promoted, parked_bytes=result.parked_bytes,
             cache_hits=hits, cache_hit_tokens=hit_tokens, cached_tokens=self.cache.cached_tokens(),
             evictions=evictions, host_entries=len(self.host), host_bytes=self.host.bytes,
-            pressure=self.pressure)
+            pressure=self.pressure, pool_rejections=rejections)
 
     def _take_tokens(self, lane: Lane, tokens: list[int], eog: bool, now: float,
                      first_tokens: list) -> bool:

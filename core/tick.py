@@ -32,7 +32,8 @@ class LanePlan:
     copy_from: int | None = None  # at the reset, copy that slot's KV and keep its first ``pos`` tokens
     keep_parked: bool = False  # ``restore`` a cached prefix: leave it parked for other lanes
     replay_from: int | None = None  # from this position on, feed one token per step, as decoding did
-    history: list[int] | None = None  # tokens already in the KV, for a fresh penalty sampler
+    history: list[int] | None = None  # tokens already in the KV, for a fresh penalty or grammar sampler
+                                      # (a grammar takes those from ``replay_from`` on: the generated ones)
 
 
 @attrs.define
@@ -71,7 +72,8 @@ class LaneResult:
     n_prefill: int = 0                          # of those, prompt (not decode) tokens
     tokens: list[int] = attrs.field(factory=list)  # tokens sampled this tick, in order
     eog: bool = False                           # the last sampled token ends the generation
-    restore_failed: bool = False                # the parked KV to restore was not there
+    restore_failed: bool = False                # the seed (parked, restored or copied KV) was not there or
+                                                # not usable: the slot was cleared, nothing was fed
 
 
 @attrs.define
@@ -94,3 +96,8 @@ class TickResult:
     seconds: float = 0.0
     kv_used: int = 0
     kv_capacity: int = 0
+    # The KV pool could not hold the plan's next step (a pool shared by all lanes, smaller than
+    # lanes × context): this many tokens were refused. The tick ended there, as when stopped early:
+    # each lane reports what it fed, the rest is left undone, and nothing of the refused step was
+    # kept. The scheduler frees room (cached prefixes, then lanes) and plans the rest again.
+    rejected_tokens: int = 0

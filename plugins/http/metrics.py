@@ -50,6 +50,9 @@ class Metrics:
                                    ["model"], registry=r)
         self.evictions = Counter("superfluid_prefix_evictions", "Cached prefixes evicted from the KV pool",
                                  ["model", "reason"], registry=r)
+        self.pool_rejections = Counter("superfluid_kv_pool_rejections",
+                                       "Plans the shared KV pool could not hold (room freed, planned again)",
+                                       ["model"], registry=r)
         self.host_bytes = Gauge("superfluid_host_cache_bytes", "Prefixes held in host memory (bytes)",
                                 ["model"], registry=r)
         self.host_entries = Gauge("superfluid_host_cache_entries", "Prefixes held in host memory",
@@ -87,6 +90,8 @@ class Metrics:
         self.cached_tokens.labels(model).set(stats.cached_tokens)
         for reason, count in stats.evictions.items():
             self.evictions.labels(model, reason).inc(count)
+        if stats.pool_rejections:
+            self.pool_rejections.labels(model).inc(stats.pool_rejections)
         self.host_bytes.labels(model).set(stats.host_bytes)
         self.host_entries.labels(model).set(stats.host_entries)
         self.pressure.labels(model).set({"warning": 1, "critical": 2}.get(stats.pressure, 0))

@@ -1,6 +1,22 @@
 """llama.cpp through llama-cpp-python's low-level API, in a supervised worker process."""
 
+from superfluid.core.config import Option, in_range
 from superfluid.core.hookspecs import hookimpl
+
+OPTIONS = [
+    Option("kv-unified", bool, False, "llama.cpp: one KV pool shared by all lanes for any model, cached "
+           "prefixes sharing their cells (sliding-window and recurrent models always get one)",
+           model_scoped=True),
+    Option("kv-pool-cells", int, 0, "llama.cpp: cells in the shared KV pool (--kv-unified, sliding-window and "
+           "recurrent models), at least --max-context (0: lanes × context, capped by free memory); in a pool smaller than lanes × context, "
+           "lanes beyond what it holds queue", in_range(0, 1 << 24), model_scoped=True, metavar="N"),
+]
+
+
+@hookimpl
+def superfluid_add_config(schema):
+    for option in OPTIONS:
+        schema.add(option)
 
 
 @hookimpl

@@ -33,10 +33,13 @@ class Vocab:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.info = self._read_info(path, name)
         arch = self._meta("general.architecture") or ""
-        # Sliding-window and recurrent models share one KV pool and cannot cut a sequence's
-        # cache at an arbitrary position, so their slots are not reused as prefixes.
-        self.shared_pool = (self._meta(f"{arch}.attention.sliding_window") is not None
-                            or arch in RECURRENT_ARCHS)
+        # Sliding-window and recurrent models share one KV pool. A recurrent state cannot be cut
+        # back to an earlier position, so their slots are not reused as prefixes; a sliding-window
+        # cache can be, where the window's cells before the cut are still held (checked when a
+        # lane is seeded, see runner.TickRunner._seed).
+        self.sliding_window = self._meta(f"{arch}.attention.sliding_window") is not None
+        self.recurrent = arch in RECURRENT_ARCHS
+        self.shared_pool = self.sliding_window or self.recurrent
 
     def _meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)

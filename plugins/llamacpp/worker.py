@@ -6,9 +6,10 @@ daemon sees the pipe close, restarts it, and the lanes resume from their tokens.
 from __future__ import annotations
 
 import os
-import traceback
 
 import attrs
+
+from superfluid.core.worker_process import serve_ticks
 
 
 @attrs.define(frozen=True)
@@ -22,20 +23,24 @@ class WorkerSpec:
     n_batch: int = 2048
     n_ubatch: int = 512
     shared_pool_fraction: float = 0.6
+    kv_unified: bool = False  # one shared pool whatever the model (--kv-unified)
+    pool_cells: int = 0       # the shared pool's size (--kv-pool-cells; 0: lanes × context, capped)
 
 
 def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
-           free_bytes: int, fraction: float) -> tuple[int, int, bool]:
+           free_bytes: int, fraction: float, pool_cells: int = 0) -> tuple[int, int, bool]:
     """(n_seq_max, n_ctx, kv_unified) for a context.
 
     Plain attention gets a KV buffer of max-context cells per sequence, lanes + 2 sequences
     (4..256), so a step attends only over its own sequence. Sliding-window and recurrent models
-    share one pool of lanes × max-context cells, capped at ``fraction`` of free memory."""
+    (and any model with ``shared_pool`` forced, --kv-unified) share one pool: ``pool_cells`` if
+    given, else lanes × max-context cells capped at ``fraction`` of free memory; never fewer
+    than max-context, so one lane always fits."""
     n_seq = min(max(n_lanes + 2, 4), 256)
     if not shared_pool:
         return n_seq, n_seq * max_context, False
-    cells = n_lanes * max_context
-    if bytes_per_cell > 0:
+    cells = pool_cells or n_lanes * max_context
+    if bytes_per_cell > 0 and not pool_cells:
         cells = min(cells, int(free_bytes * fraction) // bytes_per_cell)
     return n_seq, max(cells, max_context), True
 
@@ -58,8 +63,7 @@ def abort_on_flag(cparams, stop_flag) -> None:
 
 
 def main(conn, stop_flag, spec: WorkerSpec) -> None:
-    """Worker entry point (spawned). Messages: ("tick", plan) → ("ok", result) | ("error", text);
-    ("close",) ends the process."""
+    """Worker entry point (spawned); the protocol is core.worker_process's."""
     import llama_cpp
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
     import psutil
@@ -92,8 +96,10 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     n_head = max(llama_cpp.llama_model_n_head(model), 1)
     head_dim = llama_cpp.llama_model_n_embd(model) // n_head
     bytes_per_cell = 2 * n_layer * llama_cpp.llama_model_n_head_kv(model) * head_dim * 2  # K+V, f16
-    n_seq, n_ctx, unified = layout(spec.max_lanes, spec.max_context, shared, bytes_per_cell,
-                                   psutil.virtual_memory().available, spec.shared_pool_fraction)
+    n_swa = llama_cpp.llama_model_n_swa(model)
+    recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+    n_seq, n_ctx, unified = layout(spec.max_lanes, spec.max_context, shared or spec.kv_unified, bytes_per_cell,
+                                   psutil.virtual_memory().available, spec.shared_pool_fraction, spec.pool_cells)
 
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = n_ctx
@@ -110,23 +116,13 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
-    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag, n_ctx_real)
+    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag, n_ctx_real, unified=unified,
+                        n_swa=n_swa, recurrent=recurrent)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
-                         "kv_unified": unified, "shared_pool": shared,
+                         "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
                          "bytes_per_cell": bytes_per_cell}))
     try:
-        while True:
-            try:
-                msg = conn.recv()
-            except EOFError:
-                break
-            if msg[0] == "tick":
-                try:
-                    conn.send(("ok", runner.run(msg[1])))
-                except Exception:
-                    conn.send(("error", traceback.format_exc()))
-            elif msg[0] == "close":
-                break
+        serve_ticks(conn, runner)
     finally:
         runner.close()
         llama_cpp.llama_free(ctx)

@@ -12,94 +12,26 @@ through transformers as mlx-lm does."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
-import logging
 import os
+
+import llama_cpp
 
 from superfluid.core.engine import ModelInfo
 from superfluid.core.errors import ConfigError
+from superfluid.plugins.llamacpp.vocab import Vocab
 
 
-class GGUFVocab:
+class GGUFVocab(Vocab):
+    """llama.cpp's vocab-only GGUF loader, reused from the llama.cpp plugin rather than moved to a
+    shared module: llama-cpp-python is a core dependency, the loader is llama.cpp's, and reusing
+    it is the smaller change. MLX adds only the end-of-generation set its runner stops on (the
+    llama.cpp runner asks llama.cpp itself)."""
+
     def __init__(self, path: str, name: str):
-        import llama_cpp
-        import llama_cpp._logger  # routes llama.cpp's log through Python logging
-
-        self._lc = llama_cpp
-        llama_cpp._logger.logger.setLevel(logging.ERROR)
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        self._model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-        if not self._model:
-            raise ConfigError(f"model {name!r}: cannot read {path} as a GGUF model")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        v, lc = self._vocab, llama_cpp
-
-        def tok(t: int) -> int | None:
-            return None if t < 0 else t
-
-        def text(t: int) -> str:
-            return "" if t < 0 else self.piece(t, special=True).decode("utf-8", errors="replace")
-
-        arch = self.meta("general.architecture") or ""
-        try:
-            n_ctx_train = int(self.meta(f"{arch}.context_length") or 0)
-        except ValueError:
-            n_ctx_train = 0
-        bos, eos = lc.llama_vocab_bos(v), lc.llama_vocab_eos(v)
-        self.info = ModelInfo(
-            name=name, path=path, chat_template=self.meta("tokenizer.chat_template"),
-            bos_token=text(bos), eos_token=text(eos), bos_id=tok(bos),
-            add_bos=bool(lc.llama_vocab_get_add_bos(v)),
-            fim_prefix=tok(lc.llama_vocab_fim_pre(v)), fim_suffix=tok(lc.llama_vocab_fim_suf(v)),
-            fim_middle=tok(lc.llama_vocab_fim_mid(v)), n_vocab=self.n_vocab, n_ctx_train=n_ctx_train)
-        self.eog = {t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(v, t)}
-
-    def meta(self, key: str) -> str | None:
-        lc = self._lc
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        if n < 0:
-            return None
-        if n >= len(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", errors="replace")
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        lc = self._lc
-        data = text.encode("utf-8")
-        n_max = len(data) + 8
-        buf = (lc.llama_token * n_max)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (lc.llama_token * n_max)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        return list(buf[:n])
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        lc = self._lc
-        buf = ctypes.create_string_buffer(64)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
-
-    @functools.lru_cache(maxsize=1 << 17)
-    def token_bytes(self, token: int) -> bytes:
-        if not 0 <= token < self.n_vocab:
-            return b""
-        return self.piece(token, special=False)
-
-    def close(self) -> None:
-        if self._model:
-            self._lc.llama_model_free(self._model)
-            self._model = None
+        super().__init__(path, name)
+        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)}
 
 
 def _byte_decoder() -> dict[str, int]:

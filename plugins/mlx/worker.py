@@ -6,9 +6,10 @@ worker; the daemon sees the pipe close, restarts it, and the lanes resume from t
 from __future__ import annotations
 
 import os
-import traceback
 
 import attrs
+
+from superfluid.core.worker_process import serve_ticks
 
 PREFILL_STEP = 2048  # tokens per prefill pass (the spec's "2048-token passes")
 
@@ -32,8 +33,7 @@ def kv_cells(max_lanes: int, max_context: int) -> int:
 
 
 def main(conn, stop_flag, spec: WorkerSpec) -> None:
-    """Worker entry point (spawned). Messages: ("tick", plan) → ("ok", result) | ("error", text);
-    ("close",) ends the process."""
+    """Worker entry point (spawned); the protocol is core.worker_process's."""
     try:
         import mlx.core as mx
 
@@ -50,15 +50,4 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     runner = TickRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()),
                          "mlx": mx.__version__}))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg[0] == "tick":
-            try:
-                conn.send(("ok", runner.run(msg[1])))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
-        elif msg[0] == "close":
-            break
+    serve_ticks(conn, runner)
