@@ -27,6 +27,7 @@ class EngineCapabilities:
     persists_kv: bool = False   # parked KV can be saved to and loaded from files (TickPlan.save/load)
     prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
     aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
+    grammars: bool = False      # honours SamplingParams.grammar (GBNF-constrained sampling)
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
     tick_target_busy_cap_ms: float = 250.0

@@ -18,7 +18,14 @@ def new_request_id(prefix: str = "req") -> str:
 @attrs.define(frozen=True)
 class SamplingParams:
     """Per-request sampling, applied by the engine's own sampler so that greedy output matches
-    the runtime. ``temperature <= 0`` means greedy."""
+    the runtime. ``temperature <= 0`` means greedy.
+
+    ``grammar`` (GBNF text, root rule ``root``) constrains the generated tokens: only tokens that
+    keep the text after the prompt a prefix of the grammar's language may be sampled, and once
+    the grammar is complete only end-of-generation. It applies to the generated tokens only, never
+    the prompt; an engine honours it only if ``EngineCapabilities.grammars`` (front ends do not
+    send one otherwise). A lane that resumes (preempted, worker restart) must bring the grammar
+    back to the state its generated tokens left it in."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -29,10 +36,16 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar constrains the sampled tokens: no plain argmax over the raw logits."""
+        return bool(self.grammar)
 
     @property
     def uses_penalties(self) -> bool:

@@ -198,6 +198,13 @@ BAD = [
     ("duplicate tool", {"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
     ("parameters not an object", {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
      "tools[0].function.parameters"),
+    ("parameters not an object schema", {"tools": [WEATHER, {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]}, "tools[1].function.parameters"),
+    ("parameters with bad properties", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": [1]}}}], "tool_choice": "required"},
+     "tools[0].function.parameters"),
+    ("parameters with bad required", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "required": "a"}}}]}, "tools[0].function.parameters"),
     ("unknown tool_choice", {"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
     ("tool_choice names an undeclared tool", {"tools": [WEATHER], "tool_choice":
                                                {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
@@ -219,3 +226,174 @@ def test_bad_tool_input_names_the_field(server, name, extra, param):
     assert status == 400, got
     assert got["error"]["param"] == param
     assert got["error"]["message"] and got["error"]["code"]
+
+
+# ---- grammar-constrained forcing ----------------------------------------------------------------
+
+FORECAST = {"type": "function", "function": {
+    "name": "get_forecast", "description": "Get the weather forecast for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"]}}}
+FORCE_FORECAST = {"type": "function", "function": {"name": "get_forecast"}}
+
+
+def valid_forecast(args: dict) -> bool:
+    """``args`` validates against FORECAST's schema."""
+    return (isinstance(args, dict) and set(args) <= {"city", "days", "unit"}
+            and isinstance(args.get("city"), str) and type(args.get("days")) is int
+            and args.get("unit", "celsius") in ("celsius", "fahrenheit"))
+
+
+@pytest.fixture(scope="module")
+def vocab(model_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+def grammar_takes(vocab, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler lets ``text`` through, token by token, and then lets
+    the generation end (each token is checked before it is accepted: a rejected one would abort)."""
+    import ctypes
+
+    import llama_cpp
+
+    from superfluid.plugins.llamacpp.sampling import free_sampler, grammar_sampler
+
+    smpl = grammar_sampler(vocab, grammar)
+    assert smpl is not None, "llama.cpp rejected the grammar"
+
+    def allowed(token: int) -> bool:
+        data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0.0))
+        arr = llama_cpp.llama_token_data_array(data, 1, -1, False)
+        llama_cpp.llama_sampler_apply(smpl, ctypes.byref(arr))
+        return data[0].logit != float("-inf")
+
+    raw = text.encode()
+    buf = (llama_cpp.llama_token * (len(raw) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
+    try:
+        for token in buf[:n]:
+            if not allowed(token):
+                return False
+            llama_cpp.llama_sampler_accept(smpl, token)
+        return allowed(llama_cpp.llama_vocab_eos(vocab))
+    finally:
+        free_sampler(smpl)
+
+
+def test_forced_call_grammar_follows_the_schema(vocab):
+    tools = tc.plan({"tools": [FORECAST, TIME], "tool_choice": FORCE_FORECAST}, grammars=True)
+    assert tools.prefill == '<tool_call>\n{"name": "get_forecast", "arguments":'
+    assert tc.plan({"tools": [FORECAST], "tool_choice": FORCE_FORECAST}).grammar is None  # not asked: none
+    good = ' {"city": "Paris", "days": 3}}\n</tool_call>'
+    assert grammar_takes(vocab, tools.grammar, good)
+    assert grammar_takes(vocab, tools.grammar, ' {"city": "Oslo", "days": -2, "unit": "fahrenheit"}}\n</tool_call>')
+    for bad in [' {"city": "Paris", "days": "3"}}\n</tool_call>',   # days not an integer
+                ' {"days": 3}}\n</tool_call>',                      # city missing
+                ' {"city": "Paris", "days": 3, "unit": "kelvin"}}\n</tool_call>',
+                ' {"city": "Pa\nris", "days": 3}}\n</tool_call>',   # a raw control character
+                ' {"city": "Paris", "days": 3}}\n</tool_call>\n<tool_call>']:  # a second call
+        assert not grammar_takes(vocab, tools.grammar, bad), bad
+    parsed = tc.parse(tools.prefill + good.removesuffix(tc.CLOSE), "stop", tools)
+    assert json.loads(parsed.calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_required_grammar_alternates_the_names(vocab):
+    tools = tc.plan({"tools": [FORECAST, TIME], "tool_choice": "required"}, grammars=True)
+    assert tools.choice == "required" and tools.prefill == '<tool_call>\n{"name":'
+    assert grammar_takes(vocab, tools.grammar, ' "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>')
+    assert grammar_takes(vocab, tools.grammar, ' "get_forecast", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>')
+    assert not grammar_takes(vocab, tools.grammar, ' "get_forecast", "arguments": {"timezone": "CET"}}\n</tool_call>')
+    assert not grammar_takes(vocab, tools.grammar, ' "launch", "arguments": {}}\n</tool_call>')
+
+
+def test_schema_beyond_the_converter_forces_any_object(vocab):
+    odd = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "https://example.com/schema.json"}}}}}
+    tools = tc.plan({"tools": [odd], "tool_choice": "required"}, grammars=True)
+    assert tools.choice == "function" and tools.grammar
+    assert grammar_takes(vocab, tools.grammar, ' {"b": [1, {"c": null}]}}\n</tool_call>')
+    assert not grammar_takes(vocab, tools.grammar, ' [1]}\n</tool_call>')
+    bare = {"type": "function", "function": {"name": "g"}}  # no parameters: any object
+    assert grammar_takes(vocab, tc.plan({"tools": [bare], "tool_choice": "required"}, grammars=True).grammar,
+                         ' {}}\n</tool_call>')
+
+
+PROMPTS = ["What is the weather in Paris?", "Forecast for Tokyo, the next 3 days please.",
+           "Will it rain in Oslo this week?", "hello"]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 42}],
+                         ids=["greedy", "sampled"])
+def test_forced_call_is_valid_on_the_server(client, sampling):
+    for prompt in PROMPTS:
+        r = ask(client, messages=[{"role": "user", "content": prompt}], tools=[FORECAST, TIME],
+                tool_choice=FORCE_FORECAST, max_tokens=64, **sampling)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", (prompt, choice)
+        assert choice.message.content is None and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0].function
+        assert call.name == "get_forecast" and valid_forecast(json.loads(call.arguments)), (prompt, call)
+
+
+def test_required_with_several_tools_is_a_valid_call(client):
+    for prompt in PROMPTS[:2] + ["What time is it in Tokyo?"]:
+        r = ask(client, messages=[{"role": "user", "content": prompt}], tools=[FORECAST, TIME],
+                tool_choice="required", max_tokens=64)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r.choices[0]
+        args = json.loads(calls[0].function.arguments)
+        assert valid_forecast(args) if calls[0].function.name == "get_forecast" else isinstance(args, dict)
+
+
+STORY = {"type": "function", "function": {
+    "name": "write_story", "description": "Save a story",
+    "parameters": {"type": "object", "properties": {"title": {"type": "string"}, "pages": {"type": "integer"},
+                                                    "story": {"type": "string", "minLength": 100, "maxLength": 200}},
+                   "required": ["title", "pages", "story"]}}}
+
+
+@pytest.mark.parametrize("park", [True, False], ids=["park", "no-park"])
+def test_preempted_grammar_lane_resumes_its_call(start_server, park):
+    """A forced call preempted mid-arguments (one lane, an interactive request) resumes with its
+    grammar where it left off: the same valid call as undisturbed (parked KV, or replayed)."""
+    import concurrent.futures as cf
+
+    from .test_qos_server import metric, wait_for
+    from .test_qos_server import post as qos_post
+
+    srv = start_server("--max-batch", "1", *(["--park"] if park else ["--no-park"]))
+    call = {"model": "smollm2", "messages": [{"role": "user", "content": "Write a story about a lighthouse."}],
+            "tools": [STORY], "tool_choice": "required", "temperature": 0, "max_tokens": 120,
+            "cache_prompt": False}  # both prefill the whole prompt: the same KV, the same greedy tokens
+
+    def run() -> dict:
+        status, got, _ = qos_post(srv.base, "/v1/chat/completions", call, timeout=300)
+        assert status == 200, got
+        return got["choices"][0]
+
+    alone = run()
+    with cf.ThreadPoolExecutor(1) as pool:
+        agent = pool.submit(run)
+
+        def decoding():
+            slots = srv.get_json("/slots")["models"]["smollm2"]["slots"]
+            return any(s["state"] == "decoding" and s["generated_tokens"] > 12 for s in slots)
+        wait_for(decoding, what="the forced call decoding")
+        status, chat, _ = qos_post(srv.base, "/v1/chat/completions", {
+            "model": "smollm2", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 4},
+            {"x-superfluid-qos": "interactive"})
+        assert status == 200, chat
+        resumed = agent.result(timeout=300)
+    assert metric(srv, "superfluid_preemptions_total") >= 1
+    assert resumed["finish_reason"] == "tool_calls", resumed
+    args = json.loads(resumed["message"]["tool_calls"][0]["function"]["arguments"])
+    assert 100 <= len(args["story"]) <= 200 and type(args["pages"]) is int
+    assert resumed["message"]["tool_calls"][0]["function"]["arguments"] == \
+        alone["message"]["tool_calls"][0]["function"]["arguments"]

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 
+import attrs
 from aiohttp import web
 
 from superfluid.core import qos as qos_classes
@@ -27,6 +28,12 @@ _NO_TOOLS = tool_calls.ToolPlan()
 
 def _tools(request) -> tool_calls.ToolPlan:
     return request.get(TOOLS_KEY) or _NO_TOOLS
+
+
+def _sampling(body: dict, tools: tool_calls.ToolPlan):
+    """The body's sampling, constrained by a forced tool call's grammar where there is one."""
+    sampling = params.sampling(body)
+    return attrs.evolve(sampling, grammar=tools.grammar) if tools.grammar else sampling
 
 
 async def read_body(request: web.Request) -> dict:
@@ -143,7 +150,7 @@ class OpenAIRoutes:
         runtime = self.daemon.get(model)
         engine, info = runtime.engine, runtime.engine.info
         if kind == "chat":
-            tools = tool_calls.plan(body)
+            tools = tool_calls.plan(body, grammars=getattr(engine.capabilities, "grammars", False))
             request[TOOLS_KEY] = tools  # read back by _prepare, _collect and _stream
             text = tool_calls.render_prompt(info.chat_template, tool_calls.check_messages(params.chat_messages(body)),
                                             tools, bos_token=info.bos_token, eos_token=info.eos_token,
@@ -174,7 +181,7 @@ class OpenAIRoutes:
         include_usage = bool(opts.get("include_usage")) if stream else False
         req_args = dict(
             prompt_tokens=tokens, max_tokens=_max_tokens(body, kind != "completion", len(tokens), ctx),
-            sampling=params.sampling(body), stop=params.stop_strings(body) + _tools(request).stop,
+            sampling=_sampling(body, _tools(request)), stop=params.stop_strings(body) + _tools(request).stop,
             ignore_eos=params.boolean(body, "ignore_eos"), batch_invariant=invariant,
             reuse_prefix=params.boolean(body, "cache_prompt", True),
             qos=FIM_CLASS if fim else request_class(request, self.config),

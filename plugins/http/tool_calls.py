@@ -5,14 +5,17 @@ for one that does not, the tools are described in a system message in the Hermes
 Qwen, Hermes and many fine-tunes use), and tool calls and results in the history are written as
 text in that same format, so any chat model can call tools. Whatever the template, replies are
 parsed for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, or a reply that is
-nothing but such a JSON object (or a list of them). There is no grammar-constrained sampling:
-"required" and a named ``tool_choice`` are forced by pre-filling the assistant reply with the
-opening of a call (and the name, when it is known), so the model only writes the arguments.
-See docs/api.md, "Tool calls"."""
+nothing but such a JSON object (or a list of them). "required" and a named ``tool_choice`` are
+forced by pre-filling the assistant reply with the opening of a call (and the name, when it is
+known); on an engine that can constrain sampling with a grammar (``EngineCapabilities.grammars``)
+the rest of the call is also constrained by a GBNF grammar built from the tools' ``parameters``
+schemas (see :func:`call_grammar`), so the reply is exactly one valid call. Elsewhere the model
+writes the rest unconstrained. See docs/api.md, "Tool calls"."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 
@@ -20,6 +23,8 @@ import attrs
 
 from superfluid.core.chat import render_chat, template_caps
 from superfluid.core.errors import InvalidRequest
+
+log = logging.getLogger("superfluid.http")
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
@@ -48,6 +53,7 @@ class ToolPlan:
     choice: str = "none"  # "none" | "auto" | "required" | "function" (forced to ``name``)
     name: str | None = None
     parallel: bool = True
+    grammar: str | None = None  # GBNF for what follows the pre-fill of a forced call (see call_grammar)
 
     @property
     def active(self) -> bool:
@@ -59,7 +65,12 @@ class ToolPlan:
 
     @property
     def prefill(self) -> str:
-        """The start of the assistant reply, written for the model: the opening of a call."""
+        """The start of the assistant reply, written for the model: the opening of a call. With a
+        grammar it stops before the arguments (or the name), which the grammar then writes."""
+        if self.grammar is not None:
+            if self.choice == "function":
+                return f'{OPEN}\n{{"name": {json.dumps(self.name, ensure_ascii=False)}, "arguments":'
+            return f'{OPEN}\n{{"name":'
         if self.choice == "function":
             return f'{OPEN}\n{{"name": {json.dumps(self.name, ensure_ascii=False)}, "arguments": {{'
         if self.choice == "required":
@@ -74,8 +85,9 @@ class ToolPlan:
 
 # ---- validation -----------------------------------------------------------------------------
 
-def plan(body: dict) -> ToolPlan:
-    """Validate ``tools``, ``tool_choice`` and ``parallel_tool_calls``: a 400 naming the field."""
+def plan(body: dict, grammars: bool = False) -> ToolPlan:
+    """Validate ``tools``, ``tool_choice`` and ``parallel_tool_calls``: a 400 naming the field.
+    ``grammars``: the engine can constrain sampling, so a forced call gets a grammar."""
     raw = body.get("tools")
     if raw is not None and not isinstance(raw, list):
         raise _bad("tools must be a list of tools", "tools", "invalid_type")
@@ -103,9 +115,8 @@ def plan(body: dict) -> ToolPlan:
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise _bad(f"{where}.function.description must be a string", f"{where}.function.description",
                        "invalid_type")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise _bad(f"{where}.function.parameters must be a JSON Schema object",
-                       f"{where}.function.parameters", "invalid_type")
+        if fn.get("parameters") is not None:
+            _check_schema(fn["parameters"], f"{where}.function.parameters")
         clean = {"name": name}
         for key in ("description", "parameters"):
             if fn.get(key) is not None:
@@ -118,7 +129,76 @@ def plan(body: dict) -> ToolPlan:
     choice, name = _choice(body.get("tool_choice"), seen)
     if choice == "required" and len(tools) == 1:
         choice, name = "function", tools[0]["function"]["name"]  # one tool: required names it
-    return ToolPlan(tools=tuple(tools), choice=choice, name=name, parallel=parallel is not False)
+    grammar = None
+    if grammars and choice in ("function", "required"):
+        grammar = call_grammar([t for t in tools if choice == "required" or t["function"]["name"] == name])
+    return ToolPlan(tools=tuple(tools), choice=choice, name=name, parallel=parallel is not False,
+                    grammar=grammar)
+
+
+def _check_schema(schema, where: str) -> None:
+    """A function's ``parameters``: a JSON Schema for an object. What would make it no schema at
+    all is a 400 naming the field; what the grammar builder cannot express is not (it falls back
+    to any JSON object)."""
+    if not isinstance(schema, dict):
+        raise _bad(f"{where} must be a JSON Schema object", where, "invalid_type")
+    kind = schema.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise _bad(f"{where}.type must be \"object\": a function takes an object of arguments", where)
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(v, (dict, bool)) for v in props.values()):
+        raise _bad(f"{where}.properties must map names to JSON Schemas", where, "invalid_type")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise _bad(f"{where}.required must be a list of property names", where, "invalid_type")
+
+
+# ---- grammar ------------------------------------------------------------------------------------
+
+_ANY_OBJECT = {"type": "object"}
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text)  # a GBNF literal escapes as a JSON string does (ASCII: \\uXXXX)
+
+
+def _arguments_rule(converter, schema: dict | None, rule: str) -> str:
+    """Add the rules for an arguments object matching ``schema`` under the name ``rule``; the
+    rule's name (any JSON object where the schema is beyond the converter)."""
+    schema = schema or _ANY_OBJECT
+    rules = dict(converter._rules)
+    try:
+        resolved = converter.resolve_refs(json.loads(json.dumps(schema)), rule)
+        return converter.visit(resolved, rule)
+    except Exception as exc:  # noqa: BLE001 - unsupported keywords, remote refs, bad patterns
+        log.info("tool schema not expressible as a grammar (%s); forcing any JSON object", exc)
+        converter._rules = rules
+        return converter.visit(_ANY_OBJECT, rule)
+
+
+def call_grammar(tools: list[dict]) -> str:
+    """GBNF for the rest of a forced call after the pre-fill (:attr:`ToolPlan.prefill`): for one
+    tool, `` {arguments}}`` then ``\n</tool_call>``; for several, the name first (one of theirs),
+    then its arguments. The arguments follow the tool's ``parameters`` schema, through llama.cpp's
+    own JSON-Schema-to-GBNF converter (llama-cpp-python's port of it)."""
+    from llama_cpp.llama_grammar import SchemaConverter  # the llama.cpp engine's dependency
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    alternatives = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        args = _arguments_rule(converter, fn.get("parameters"), f"tool{i}-arguments")
+        if len(tools) == 1:
+            alternatives.append(args)
+        else:
+            head = _gbnf_literal(f' {json.dumps(fn["name"], ensure_ascii=False)}, "arguments": ')
+            alternatives.append(f"{head} {args}")
+    body = f'" " {alternatives[0]}' if len(tools) == 1 else "( " + " | ".join(alternatives) + " )"
+    converter._rules["root"] = f'{body} "}}" {_gbnf_literal(chr(10) + CLOSE)}'
+    if "char" in converter._rules:  # as llama.cpp's own: no raw control characters in a string
+        converter._rules["char"] = _JSON_CHAR
+    return converter.format_grammar()
 
 
 def _choice(raw, names: set[str]) -> tuple[str, str | None]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
 
-from .sampling import build_sampler, free_sampler
+from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
 
 
 class _Work:
@@ -40,13 +40,23 @@ class _Work:
         self.result = LaneResult(slot=lp.slot)
 
 
+class _PoolFull(Exception):
+    """``llama_decode`` found no room in the KV pool for a step (return code 1): nothing of the
+    step was kept."""
+
+    def __init__(self, n_tokens: int):
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
+
 def _takes_one(w: _Work) -> bool:
     """Feeds exactly one token this step: a decoding lane, or a lane replaying its generation."""
     return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
 
 
 class TickRunner:
-    def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int):
+    def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int, *,
+                 unified: bool = False, n_swa: int = 0, recurrent: bool = False):
         self.model = model
         self.ctx = ctx
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -55,9 +65,13 @@ class TickRunner:
         self.n_ubatch = n_ubatch
         self.stop_flag = stop_flag
         self.kv_capacity = kv_capacity
+        self.unified = unified      # one pool for all sequences: a copy shares cells instead of buffers
+        self.n_swa = n_swa          # sliding window: cells older than it may be gone
+        self.recurrent = recurrent  # a recurrent state cannot be cut back
         self.batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
         self.samplers: dict[int, object] = {}
         self.penalized: set[int] = set()
+        self.constrained: set[int] = set()  # grammar lanes: the chain's head is a grammar sampler
         self.greedy: set[int] = set()  # plain argmax lanes: sampled with numpy, no chain
         self.parked: dict[str, ctypes.Array] = {}  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
@@ -77,9 +91,12 @@ class TickRunner:
     def _drop_sampler(self, slot: int) -> None:
         free_sampler(self.samplers.pop(slot, None))
         self.penalized.discard(slot)
+        self.constrained.discard(slot)
         self.greedy.discard(slot)
 
     def kv_used(self) -> int:
+        """Cells held, per sequence. In a shared pool a cell two sequences share counts twice (an
+        upper bound: llama.cpp exposes no count of used cells)."""
         used = 0
         for seq in range(self.n_seq):
             top = llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
@@ -146,11 +163,25 @@ class TickRunner:
             if not self.restore(slot, lp.restore, keep=lp.keep_parked):
                 return False
         elif lp.copy_from is not None:
-            # Across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut.
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
-            llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, -1, -1)
-        llama_cpp.llama_memory_seq_rm(self.mem, slot, lp.pos, -1)
-        return lp.pos == 0 or llama_cpp.llama_memory_seq_pos_max(self.mem, slot) == lp.pos - 1
+            if self.unified:  # one pool: the slot shares the source's cells for positions [0, pos)
+                llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, 0, lp.pos)
+            else:  # across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut
+                llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, -1, -1)
+        if not llama_cpp.llama_memory_seq_rm(self.mem, slot, lp.pos, -1):
+            return False  # a recurrent state cannot be cut back to ``pos``
+        if lp.pos == 0:
+            return True
+        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) != lp.pos - 1:
+            return False
+        if self.n_swa > 0:
+            # A sliding-window cache drops cells that fell out of the window of its sequence's
+            # end, so a prefix cut short of that end may lack the cells the next token attends
+            # to (those after pos - n_swa). llama-server's test: seq_pos_min <= max(0, pos - n_swa).
+            low = llama_cpp.llama_memory_seq_pos_min(self.mem, slot)
+            if low > max(0, lp.pos - self.n_swa):
+                return False
+        return True
 
     def run(self, plan: TickPlan) -> TickResult:
         t_start = time.perf_counter()
@@ -172,16 +203,20 @@ class TickRunner:
                     self._clear(lp.slot)
                     result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
                     continue
-                chain = self.samplers[lp.slot] = build_sampler(lp.sampling)
+                chain = self.samplers[lp.slot] = build_sampler(lp.sampling, self.vocab)
+                if has_grammar(chain, lp.sampling):
+                    self.constrained.add(lp.slot)
                 if lp.sampling.uses_penalties:
                     self.penalized.add(lp.slot)
-                    for token in lp.history or ():
-                        llama_cpp.llama_sampler_accept(chain, token)
-                elif lp.sampling.greedy:
+                elif lp.sampling.greedy and lp.slot not in self.constrained:
                     self.greedy.add(lp.slot)
+                # A fresh sampler catches up on the tokens already in the KV: penalties see them
+                # all, a grammar only the generated ones (from ``replay_from``, the prompt's end).
+                for pos, token in enumerate(lp.history or ()):
+                    self._accept(lp.slot, chain, token, pos, lp.replay_from)
             elif llama_cpp.llama_memory_seq_pos_max(self.mem, lp.slot) >= lp.pos:
                 llama_cpp.llama_memory_seq_rm(self.mem, lp.slot, lp.pos, -1)
-            accept = lp.slot in self.penalized and not lp.decode
+            accept = (lp.slot in self.penalized or lp.slot in self.constrained) and not lp.decode
             work.append(_Work(lp, lp.pos, accept))
 
         active = [w for w in work if w.feed]
@@ -189,7 +224,12 @@ class TickRunner:
             if self.stop_flag[0]:
                 result.stopped_early = True
                 break
-            step = self._step(active, plan.step_tokens)
+            try:
+                step = self._step(active, plan.step_tokens)
+            except _PoolFull as full:  # the scheduler frees room and plans the rest again
+                result.rejected_tokens = full.n_tokens
+                result.stopped_early = True
+                break
             if step is None:  # aborted mid-step by the stop flag: nothing of it was kept
                 result.stopped_early = True
                 break
@@ -249,19 +289,22 @@ class TickRunner:
         rc = llama_cpp.llama_decode(self.ctx, batch)
         if rc == 2 and self.stop_flag[0]:
             return None
+        if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
+            raise _PoolFull(n)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
         for w, first, count in taken:
             fed = w.feed[:count]
             del w.feed[:count]
+            start = w.pos
             w.pos += count
             w.result.n_fed += count
             if not w.decoding:
                 w.result.n_prefill += count
             smpl = self.samplers.get(w.slot)
             if w.accept and smpl:
-                for t in fed:
-                    llama_cpp.llama_sampler_accept(smpl, t)
+                for i, t in enumerate(fed):
+                    self._accept(w.slot, smpl, t, start + i, w.replay_from)
             if w.feed or not w.sample:
                 continue
             token = self._sample(w.slot, smpl, first + count - 1)
@@ -274,6 +317,19 @@ class TickRunner:
                 w.feed = [token]
         seconds = time.perf_counter() - t0
         return StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds)
+
+    def _accept(self, slot: int, chain, token: int, pos: int, generated_from: int | None) -> None:
+        """Feed a token already in the KV (at ``pos``) to a fresh sampler: to all of a plain chain
+        with penalties; to a grammar chain's grammar only if it is generated (``pos`` at or past
+        ``generated_from``, the prompt's length; None: nothing generated yet), to its penalties
+        (if any) always."""
+        if slot not in self.constrained:
+            if slot in self.penalized:
+                llama_cpp.llama_sampler_accept(chain, token)
+        elif generated_from is not None and pos >= generated_from:
+            llama_cpp.llama_sampler_accept(chain, token)
+        elif slot in self.penalized:
+            accept_prompt(chain, token)
 
     def _sample(self, slot: int, chain, index: int) -> int:
         """Greedy lanes take the argmax of the logits directly (the first maximum, as llama.cpp's

@@ -3,15 +3,35 @@ what llama.cpp itself gives."""
 
 from __future__ import annotations
 
+import logging
+
 import llama_cpp
 
 from superfluid.core.request import SamplingParams
 
+log = logging.getLogger("superfluid.llamacpp")
 
-def build_sampler(params: SamplingParams):
-    """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temperature, dist."""
+
+def grammar_sampler(vocab, grammar: str):
+    """llama.cpp's GBNF sampler for ``grammar`` (root rule ``root``), or None if llama.cpp
+    rejects the grammar (it says why on stderr)."""
+    smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    return smpl or None
+
+
+def build_sampler(params: SamplingParams, vocab=None):
+    """A sampler chain in llama.cpp's usual order: grammar, penalties, top-k, top-p, min-p,
+    temperature, dist. The grammar, if any, is the chain's first sampler (index 0), so a caller can
+    feed prompt tokens to the others only (see :func:`accept_prompt`). A grammar llama.cpp rejects
+    is left out with a warning rather than failing the tick."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
+    if params.grammar and vocab is not None:
+        smpl = grammar_sampler(vocab, params.grammar)
+        if smpl is None:
+            log.warning("llama.cpp rejected a request's grammar; sampling it unconstrained")
+        else:
+            add(smpl)
     if params.uses_penalties:
         add(llama_cpp.llama_sampler_init_penalties(params.penalty_last_n, params.repeat_penalty,
                                                    params.frequency_penalty, params.presence_penalty))
@@ -28,6 +48,19 @@ def build_sampler(params: SamplingParams):
     seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
     add(llama_cpp.llama_sampler_init_dist(seed))
     return chain
+
+
+def has_grammar(chain, params: SamplingParams) -> bool:
+    """Whether ``build_sampler`` put a grammar at the head of this chain."""
+    return bool(params.grammar) and llama_cpp.llama_sampler_chain_n(chain) > 0 and llama_cpp.llama_sampler_name(
+        llama_cpp.llama_sampler_chain_get(chain, 0)) == b"grammar"
+
+
+def accept_prompt(chain, token: int) -> None:
+    """Feed a prompt token to every sampler of a grammar chain but the grammar (it constrains
+    the generated text only)."""
+    for i in range(1, llama_cpp.llama_sampler_chain_n(chain)):
+        llama_cpp.llama_sampler_accept(llama_cpp.llama_sampler_chain_get(chain, i), token)
 
 
 def free_sampler(chain) -> None:

@@ -135,7 +135,8 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
 def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> LanePlan:
     req = lane.request
     reset = lane.needs_reset
-    history = lane.tokens[:lane.n_cached] if reset and lane.n_cached and req.sampling.uses_penalties else None
+    catch_up = req.sampling.uses_penalties or req.sampling.constrained  # a fresh sampler replays these
+    history = lane.tokens[:lane.n_cached] if reset and lane.n_cached and catch_up else None
     return LanePlan(slot=lane.slot, pos=lane.n_cached, feed=lane.tokens[lane.n_cached:lane.n_cached + n],
                     sample=sample, max_new=max_new, reset=reset,
                     sampling=req.sampling if reset else None, ignore_eos=req.ignore_eos,

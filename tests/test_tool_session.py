@@ -1,0 +1,98 @@
+"""A 200-turn tool session on one server-kept session, against the real server and model: every
+turn completes, and a turn's cost does not grow with the conversation — each one prefills about
+its new tokens only, and the first-token time of the last turns stays near that of the first.
+
+Three turns in five force a ``lookup`` call (grammar-constrained on llama.cpp, so each one is a
+valid call); the other two let the model answer briefly (``tool_choice: "auto"``, 2 tokens), as an
+agent that reports progress now and then. 200 forced calls cannot fit one 8192-token context in
+the Hermes format: a call and its result take about 52 tokens a turn (the call as history ~34,
+the ``<tool_response>`` ~18), 200 of them ~10,400. The mix takes ~37 a turn, ~7,700 in all."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import urllib.request
+
+TURNS = 200
+FORCED_TURNS = 3  # of every 5
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look up a shelf by number",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}]
+
+
+def post(srv, path: str, body: dict) -> dict:
+    req = urllib.request.Request(srv.base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def run_session(srv, turns: int) -> list[dict]:
+    """Run an agent loop: the model calls the tool, the tool answers, the model calls again."""
+    sid = post(srv, "/v1/sessions", {"system": "You are a shelf robot. Check shelves with the lookup tool.",
+                                     "pin_system": True})["id"]
+    curve, pending = [], [{"role": "user", "content": "Check every shelf, one by one."}]
+    for turn in range(turns):
+        forced = turn % 5 < FORCED_TURNS
+        choice = {"type": "function", "function": {"name": "lookup"}} if forced else "auto"
+        reply = post(srv, f"/v1/sessions/{sid}/turns", {
+            "messages": pending, "tools": TOOLS, "max_tokens": 24 if forced else 2, "temperature": 0,
+            "tool_choice": choice})
+        message = reply["choices"][0]["message"]
+        calls = message.get("tool_calls") or []
+        pending = [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls]
+        if not pending:  # no call (a progress reply, or a call that did not parse): nudge it on
+            pending = [{"role": "user", "content": "Next shelf."}]
+        usage, timings = reply["usage"], reply["timings"]
+        curve.append({"turn": turn + 1, "prompt_tokens": usage["prompt_tokens"],
+                      "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                      "prefilled": timings["prompt_n"], "prompt_ms": timings["prompt_ms"],
+                      "ttft_ms": timings["ttft_ms"], "tool_calls": len(calls), "forced": forced,
+                      "session": sid})
+    session = json.loads(urllib.request.urlopen(srv.base + f"/v1/sessions/{sid}", timeout=30).read())
+    assert session["turns"] == turns
+    return curve
+
+
+def test_200_turn_tool_session(start_server, tmp_path):
+    srv = start_server("--max-context", "8192", "--max-batch", "2")
+    curve = run_session(srv, TURNS)
+    (tmp_path / "tool_session_curve.json").write_text(json.dumps(curve, indent=1))
+    history = curve[-1]["prompt_tokens"]
+    print(f"\n200-turn tool session: final prompt {history} tokens, "
+          f"{sum(c['tool_calls'] > 0 for c in curve)} turns with a tool call "
+          f"({sum(c['forced'] for c in curve)} forced)")
+    for c in curve[:3] + curve[98:100] + curve[-3:]:
+        print(c)
+    for name, part in (("first 20", curve[1:21]), ("last 20", curve[-20:])):
+        print(f"{name}: median prompt_ms {statistics.median(c['prompt_ms'] for c in part):.1f}, "
+              f"median prefilled {statistics.median(c['prefilled'] for c in part)}")
+    assert history > 4000  # the conversation really grew
+    assert sum(c["tool_calls"] > 0 for c in curve) > TURNS // 2  # most turns are parsed tool calls
+    forced = [c for c in curve if c["forced"]]
+    parsed = sum(c["tool_calls"] == 1 for c in forced)
+    assert parsed == len(forced), (parsed, len(forced))  # a forced call is a valid call (the grammar)
+    # Each turn after the first prefills only about its new tokens, whatever the history.
+    new_tokens = [b["prompt_tokens"] - a["prompt_tokens"] for a, b in zip(curve, curve[1:])]
+    for c, new in zip(curve[1:], new_tokens):
+        assert c["prefilled"] <= new + 40, (c, new)
+    # So a late turn's first token costs its new tokens' prefill, not the history's: a fraction
+    # of prefilling the same conversation cold. (It still grows a little with the history: each
+    # new token attends over all of it.)
+    cold = cold_prefill(srv, curve[-1]["session"])
+    late = statistics.median(c["prompt_ms"] for c in curve[-20:])
+    print(f"cold prefill of the final history: {cold['prompt_n']} tokens in {cold['prompt_ms']:.0f} ms; "
+          f"late turns' median {late:.0f} ms ({late / cold['prompt_ms']:.2f}x)")
+    assert cold["prompt_n"] > 0.9 * history
+    assert late <= 0.25 * cold["prompt_ms"], (late, cold)
+
+
+def cold_prefill(srv, sid: str) -> dict:
+    """The server's timings for the session's whole conversation sent as one plain chat
+    completion without the prefix cache."""
+    session = json.loads(urllib.request.urlopen(srv.base + f"/v1/sessions/{sid}", timeout=30).read())
+    messages = [{"role": "system", "content": session["system"]}] + session["messages"]
+    reply = post(srv, "/v1/chat/completions", {"model": "smollm2", "messages": messages, "tools": TOOLS,
+                                              "tool_choice": "auto", "max_tokens": 1, "cache_prompt": False})
+    return reply["timings"]
