@@ -387,6 +387,8 @@ class Scheduler:
                                                   now=now, settings=self.settings)
             if lane is None:
                 return
+            if self._free_slots and self._copy_sources.issuperset(self._free_slots):
+                return  # every free slot is a cache other lanes copy from this tick: next tick
             if not self._free_slots or not self._pool_room(lane):
                 victim = self.hook.superfluid_choose_victim(lane=lane, lanes=list(self.lanes),
                                                             settings=self.settings)

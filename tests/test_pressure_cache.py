@@ -1101,3 +1101,24 @@ def test_watermarks_evict_pinned_prefixes_last(make):
     assert releases[0][0] == other_slot and third_slot in releases[0]
     assert cached_by_slot(sched)[pinned_slot] == 90
     assert engine.errors == []
+
+
+def test_a_branching_lane_copies_the_cache_and_keeps_it_whole(stepped):
+    """A lane that shares only part of a free slot's cache copies that part into an empty slot,
+    so the cache (another conversation) stays whole; a lane that would need the slot being
+    copied from waits one tick instead of overwriting it (or failing)."""
+    sched, engine, _, _ = stepped(max_batch=2)
+    conversation = prompt(100, 60)
+    run_stepped(sched, engine, conversation, 3)             # cached in one slot: 62 tokens
+    (cached_slot,) = [s for s, n in cached_by_slot(sched).items() if n]
+    branch = conversation[:30] + prompt(500, 20)
+    n0 = len(engine.plans)
+    _, a = submit(sched, branch, 2)
+    _, b = submit(sched, prompt(700, 40), 2)
+    step(sched, engine)
+    first = engine.plans[n0]
+    (lp,) = first.lanes                                      # b waits: its only slot is a copy source
+    assert lp.copy_from == cached_slot and lp.slot != cached_slot and lp.pos == 30
+    drive(sched, engine, lambda: a.done.is_set() and b.done.is_set())
+    assert a.token_ids == expected(branch, 2) and b.token_ids == expected(prompt(700, 40), 2)
+    assert engine.errors == []
