@@ -110,6 +110,7 @@ class Scheduler:
         self._saves: list[_SaveOp] = []   # park artifacts to write at the next tick
         self._loads: list[tuple[str, list[int]]] = []  # park artifacts to read at the next tick
         self._saving: dict[str, _SaveOp] = {}
+        self._save_keys: set[str] = set()  # park keys that exist only for a save in the same tick
         self._staged_loads: list[tuple[str, str]] = []
         self._copy_sources: set[int] = set()
         self._pool_cap: int | None = None  # after the KV pool refused a plan: most lanes it holds for now
@@ -355,6 +356,7 @@ class Scheduler:
             elif n >= MIN_REUSE:
                 op.saved = list(self.cache.tokens(slot))
                 tmp = f"save:{op.path}"
+                self._save_keys.add(tmp)
                 plan.park.append((slot, tmp))
                 plan.save.append((tmp, op.path))
                 plan.drop_parked.append(tmp)
@@ -696,7 +698,8 @@ class Scheduler:
                     log.warning("model %s: could not write park artifact %s", self.name, path)
                 op.done.set()
         for key, size in result.parked.items():
-            if key.startswith("save:"):
+            if key in self._save_keys:  # parked only to be written to a file, then dropped
+                self._save_keys.discard(key)
                 continue
             lane = self._parked.get(key)
             if lane is None:
@@ -844,6 +847,7 @@ class Scheduler:
         """The engine lost, or may have lost, its KV: forget cached prefixes and parked lanes'
         KV (queued lanes that had parked will prefill again)."""
         self.cache = SlotCache(self._pins)
+        self._save_keys.clear()
         self._drop_parked.extend(self.host.clear())
         for lane in self.queue:
             self._forget_parked(lane)
