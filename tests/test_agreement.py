@@ -21,17 +21,21 @@ PROMPTS = [
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def reference(model_path):
+def _generate_alone(model_path, prompts, flash_attn: bool) -> dict:
     """Each prompt generated alone by llama-cpp-python's high-level Llama."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(model_path, n_ctx=2048, flash_attn=True, verbose=False, seed=0)
+    llm = llama_cpp.Llama(model_path, n_ctx=2048, flash_attn=flash_attn, verbose=False, seed=0)
     refs = {}
-    for p in PROMPTS:
+    for p in prompts:
         out = llm.create_completion(p, max_tokens=MAX_TOKENS, temperature=0.0, repeat_penalty=1.0)
         refs[p] = (out["choices"][0]["text"], out["usage"]["completion_tokens"])
     del llm
     return refs
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    return _generate_alone(model_path, PROMPTS, flash_attn=True)
 
 
 def _ask(client, prompt):
@@ -49,3 +53,27 @@ def test_eight_lanes_busy_matches_llama(client, reference):
         answers = dict(zip(PROMPTS, pool.map(lambda p: _ask(client, p), PROMPTS)))
     mismatched = [p for p in PROMPTS if answers[p] != reference[p]]
     assert not mismatched, {p: (answers[p], reference[p]) for p in mismatched}
+
+
+def test_flash_attn_off_matches_llama_without_it(start_server, model_path, reference):
+    """--flash-attn off reaches the worker's context: its greedy replies are Llama(flash_attn=False)'s,
+    and at least one of them differs from the flash-attention reply (else this proves nothing)."""
+    openai = pytest.importorskip("openai")
+    srv = start_server("--max-batch", "2", "--flash-attn", "off")
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=120, max_retries=0)
+    off = _generate_alone(model_path, PROMPTS, flash_attn=False)
+    assert any(off[p] != reference[p] for p in PROMPTS), "flash attention changed no reply"
+    try:
+        for p in PROMPTS:
+            assert _ask(client, p) == off[p], p
+    finally:
+        srv.stop()
+
+
+def test_flash_attn_value_is_checked():
+    from superfluid.core.cli import load
+    from superfluid.core.errors import ConfigError
+    config, _ = load(["serve", "--flash-attn", "off"])
+    assert config.models[0]["flash-attn"] == "off"
+    with pytest.raises(ConfigError, match="flash-attn"):
+        load(["serve", "--flash-attn", "fast"])

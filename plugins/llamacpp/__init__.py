@@ -3,7 +3,17 @@
 from superfluid.core.config import Option, in_range
 from superfluid.core.hookspecs import hookimpl
 
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+
+
+def one_of_flash_attn(value):
+    return None if value in FLASH_ATTN else f"must be one of {', '.join(FLASH_ATTN)}"
+
+
 OPTIONS = [
+    Option("flash-attn", str, "auto", "llama.cpp: flash attention (auto, on, off); auto lets llama.cpp decide, as "
+           "llama-server does (on for CPUs). Greedy text can differ between on and off",
+           one_of_flash_attn, model_scoped=True, metavar="auto|on|off"),
     Option("kv-unified", bool, False, "llama.cpp: one KV pool shared by all lanes for any model, cached "
            "prefixes sharing their cells (sliding-window and recurrent models always get one)",
            model_scoped=True),

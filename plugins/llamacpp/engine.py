@@ -13,6 +13,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
 from . import worker
+from . import FLASH_ATTN
 from .vocab import Vocab
 
 log = logging.getLogger("superfluid.llamacpp")
@@ -32,6 +33,7 @@ class LlamaCppEngine(WorkerEngine):
         self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.kv_unified = bool(model.values.get("kv-unified", False))
         self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
+        self.flash_attn = FLASH_ATTN[model.values.get("flash-attn", "auto") or "auto"]
         if self.pool_cells and self.pool_cells < self.max_context:
             raise ConfigError(f"model {model.name!r}: kv-pool-cells {self.pool_cells} is below max-context "
                               f"{self.max_context} (one lane must fit)")
@@ -46,7 +48,8 @@ class LlamaCppEngine(WorkerEngine):
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes,
                                  max_context=self.max_context, threads=self.threads,
-                                 kv_unified=self.kv_unified, pool_cells=self.pool_cells)
+                                 kv_unified=self.kv_unified, pool_cells=self.pool_cells,
+                                 flash_attn=self.flash_attn)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-llamacpp-{self.info.name}")
         log.info("model %s: worker pid %s ready (%s cells, %s sequences, %s KV)",
                  self.info.name, info["pid"], info["n_ctx"], info["n_seq_max"],

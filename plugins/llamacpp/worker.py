@@ -25,6 +25,7 @@ class WorkerSpec:
     shared_pool_fraction: float = 0.6
     kv_unified: bool = False  # one shared pool whatever the model (--kv-unified)
     pool_cells: int = 0       # the shared pool's size (--kv-pool-cells; 0: lanes × context, capped)
+    flash_attn: int = -1      # llama_flash_attn_type: -1 auto, 0 off, 1 on (--flash-attn)
 
 
 def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
@@ -109,6 +110,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     cparams.kv_unified = unified
     cparams.n_threads = spec.threads
     cparams.n_threads_batch = spec.threads
+    cparams.flash_attn_type = spec.flash_attn
     cparams.no_perf = True
     abort_on_flag(cparams, stop_flag)
     ctx = llama_cpp.llama_init_from_model(model, cparams)
