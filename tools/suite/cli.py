@@ -56,7 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or targets.default_model()
     t0 = time.monotonic()
-    outcomes = runner.run(scenarios, kinds, args.fast, model, out, qos=not args.no_qos)
+    command = "python -m tools.suite " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def meta(**more) -> dict:
+        return {"command": command, "model": model, "targets": dict((n, k) for k, n in kinds),
+                "fast": args.fast, "qos": not args.no_qos, "wall_s": round(time.monotonic() - t0, 1), **more}
+
+    def keep_partial(so_far) -> None:  # a run stopped halfway still leaves what it measured
+        report.write_json(out / "suite.json", so_far, meta(partial=True))
+
+    outcomes = runner.run(scenarios, kinds, args.fast, model, out, qos=not args.no_qos, done=keep_partial)
     titles = {m.KEY: m.TITLE for m in ALL}
     names = [n for _k, n in kinds]
     charts = []
@@ -69,9 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(outcomes, titles, names))
     print()
     print(report.figures(outcomes, titles))
-    meta = {"command": "python -m tools.suite " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "model": model, "targets": dict((n, k) for k, n in kinds), "fast": args.fast,
-            "qos": not args.no_qos, "wall_s": round(time.monotonic() - t0, 1), "charts": charts}
-    report.write_json(out / "suite.json", outcomes, meta)
+    report.write_json(out / "suite.json", outcomes, meta(charts=charts))
     print(f"\nwrote {out / 'suite.json'}" + (f" and {', '.join(charts)}" if charts else ""), file=sys.stderr)
     return 0 if all(o.verdict in ("pass", "n/a") for o in outcomes) else 1

@@ -100,8 +100,9 @@ def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: 
 
 
 def run(scenarios: list, kinds: list[tuple[str, str]], fast: bool, model: str, out_dir: Path,
-        qos: bool = True, overrides: dict | None = None, progress=_log) -> list[Outcome]:
-    """Every scenario against every target; targets take turns within a scenario."""
+        qos: bool = True, overrides: dict | None = None, progress=_log, done=None) -> list[Outcome]:
+    """Every scenario against every target; targets take turns within a scenario. ``done`` gets
+    the outcomes so far after each one (the CLI keeps suite.json current with it)."""
     outcomes = []
     for module in scenarios:
         for kind, name in kinds:
@@ -109,6 +110,8 @@ def run(scenarios: list, kinds: list[tuple[str, str]], fast: bool, model: str, o
             o = run_scenario(module, kind, name, fast, model, out_dir, qos, overrides)
             progress(f"   {o.verdict}: {o.reason} ({o.seconds:.0f} s)")
             outcomes.append(o)
+            if done is not None:
+                done(outcomes)
     return outcomes
 
 
