@@ -125,6 +125,10 @@ def core_options() -> list[Option]:
                model_scoped=True, metavar="N"),
         Option("state-dir", str, None, "directory for session logs and park artifacts; sessions and their "
                "KV survive a restart (default: sessions live in memory only)", metavar="DIR"),
+        Option("session-overflow", str, "truncate", "a session turn whose history no longer fits the context: "
+               "'truncate' leaves the oldest messages out of the prompt (keeping the system prompt and the first "
+               "user message) until it fills half the context; 'error' answers 400 context_length_exceeded",
+               lambda v: None if v in ("truncate", "error") else "must be truncate or error", metavar="POLICY"),
         Option("shutdown-timeout", float, 30.0, "on SIGTERM/SIGINT, seconds to let running requests finish "
                "and persist sessions before exiting", in_range(0.0, 3600.0), metavar="S"),
         Option("log-level", str, "info", "logging level",

@@ -52,17 +52,38 @@ class Session:
     artifact_loaded: bool = False                       # adopted by this process's engine
     busy: bool = False                                  # a turn is running
     pinned_tokens: list[int] | None = None              # the pin this process's scheduler holds
+    window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
 
-    def history(self) -> list[dict]:
-        """The messages a new turn's prompt starts with."""
+    @property
+    def anchor(self) -> int:
+        """Leading messages a prompt always keeps: the first user message (the task), if the
+        conversation starts with one; chat templates may insist on a user query."""
+        return 1 if self.messages and self.messages[0].get("role") == "user" else 0
+
+    def history(self, window_start: int | None = None) -> list[dict]:
+        """The messages a new turn's prompt starts with: the system prompt, the anchor, and the
+        messages from ``window_start`` (default: the session's) on."""
+        start = self.window_start if window_start is None else window_start
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages
+        return head + self.messages[:self.anchor] + self.messages[max(start, self.anchor):]
+
+    def window_cuts(self) -> list[int]:
+        """Where the kept history may start, oldest first: after the anchor and the current
+        window, at an assistant or user message (a tool result stays with the call it answers)."""
+        first = max(self.window_start, self.anchor) + 1
+        return [i for i in range(first, len(self.messages))
+                if self.messages[i].get("role") in ("assistant", "user")]
+
+    @property
+    def dropped_messages(self) -> int:
+        return max(self.window_start - self.anchor, 0)
 
     def view(self) -> dict:
         return {"id": self.id, "object": "session", "model": self.model, "qos": self.qos,
                 "system": self.system, "pin_system": self.pin_system, "state": self.state, "turns": self.turns,
                 "created": int(self.created), "busy": self.busy,
-                "parked_tokens": len(self.artifact_tokens or [])}
+                "parked_tokens": len(self.artifact_tokens or []),
+                "window_start": self.window_start, "dropped_messages": self.dropped_messages}
 
 
 class SessionStore:
@@ -128,6 +149,12 @@ class SessionStore:
         session.turns += 1
         session.prompt_tokens = list(prompt_tokens)
         self._append(session, {"op": "turn", "n": session.turns, "messages": new, "reply": reply})
+
+    def drop_before(self, session: Session, index: int) -> None:
+        """Leave messages before ``index`` (bar the anchor) out of later prompts; the log and
+        ``messages`` keep them."""
+        session.window_start = index
+        self._append(session, {"op": "window", "start": index})
 
     def set_qos(self, session: Session, qos: str) -> None:
         session.qos = qos
@@ -228,6 +255,11 @@ def _replay(path: Path) -> Session | None:
                     session.turns += 1
                 elif op == "qos":
                     session.qos = rec["qos"]
+                elif op == "window":
+                    start = rec["start"]
+                    if not isinstance(start, int) or not 0 <= start <= len(session.messages):
+                        raise ValueError(f"window start {start!r} outside the conversation")
+                    session.window_start = start
                 elif op == "close":
                     session.state = "closed"
             except (ValueError, KeyError, TypeError) as exc:

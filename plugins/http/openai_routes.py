@@ -125,6 +125,10 @@ class OpenAIRoutes:
         add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
         return runtime.engine.tokenize(text, add_special=add_bos, parse_special=True)
 
+    def chat_prompt_length(self, request: web.Request, body: dict) -> int:
+        """How many tokens a chat body's prompt renders to (tools included); validates it."""
+        return len(self._tokens(request, body, "chat")[1])
+
     async def generate_chat(self, request: web.Request, body: dict, qos: str, on_finish) -> web.StreamResponse:
         """A chat completion for another route (a session's turn): ``body`` instead of the
         request's JSON, a fixed QoS class, and ``on_finish(text, event, prompt_tokens, parsed)``

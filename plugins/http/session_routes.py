@@ -7,6 +7,7 @@ turn costs the prefill of its new tokens only. See docs/sessions.md."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from aiohttp import web
 
@@ -19,6 +20,10 @@ from .openai_routes import read_body, request_class
 
 CREATE_FIELDS = {"model", "qos", "system", "pin_system"}
 TURN_FIELDS = params.CHAT_FIELDS - {"model"}
+WINDOW_FILL = 0.5  # after a cut the kept history fills at most this share of the context, so cuts
+                   # (each re-prefills what is kept once) are rare
+
+log = logging.getLogger("superfluid.sessions")
 
 
 class SessionRoutes:
@@ -102,6 +107,7 @@ class SessionRoutes:
             session.artifact_loaded = runtime.scheduler.adopt_prefix(
                 session.artifact_tokens, self.store.artifact_path(session.id))
         self.store.resumed(session)
+        await self._fit(request, session, runtime, body)
         full = {**body, "model": session.model, "messages": session.history() + body["messages"]}
 
         def record(text: str, event, prompt_tokens: list[int], parsed) -> None:
@@ -115,6 +121,44 @@ class SessionRoutes:
             return await self.openai.generate_chat(request, full, qos=session.qos, on_finish=record)
         finally:
             session.busy = False
+
+    async def _fit(self, request, session, runtime, body: dict) -> None:
+        """--session-overflow truncate: when the history and this turn's new messages leave no room
+        for the reply (``max_tokens``, else an eighth of the context), leave the oldest messages
+        out of the prompt (the system prompt and the first user message stay) until the prompt
+        fills at most half the context. If nothing fits, the turn fails as a chat would (400)."""
+        if self.config["session-overflow"] != "truncate" or not session.messages:
+            return
+        ctx = runtime.scheduler.settings.context_length
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        reserve = asked if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < ctx else ctx // 8
+        loop = asyncio.get_running_loop()
+
+        def length(start: int | None) -> int:
+            messages = session.history(start) + body["messages"]
+            return self.openai.chat_prompt_length(request, {**body, "model": session.model, "messages": messages})
+
+        before = await loop.run_in_executor(None, length, None)
+        if before + reserve <= ctx:
+            return
+        cuts = session.window_cuts()
+        budget = min(int(ctx * WINDOW_FILL), ctx - reserve)
+        lo, hi, best = 0, len(cuts) - 1, None
+        while lo <= hi:  # the earliest cut under budget (the prompt shrinks as the cut moves on)
+            mid = (lo + hi) // 2
+            if await loop.run_in_executor(None, length, cuts[mid]) <= budget:
+                best, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        if best is None:
+            if not cuts or await loop.run_in_executor(None, length, cuts[-1]) + reserve > ctx:
+                return  # even the newest messages alone do not fit: the turn answers 400
+            best = len(cuts) - 1
+        self.store.drop_before(session, cuts[best])
+        after = await loop.run_in_executor(None, length, None)
+        log.info("session %s: the history (%d tokens + %d for the reply) outgrew the %d-token context; "
+                 "left its oldest messages out (%d dropped in all), %d tokens kept",
+                 session.id, before, reserve, ctx, session.dropped_messages, after)
 
     def _usable(self, sid: str, idle: bool = False):
         session = self.store.get(sid)

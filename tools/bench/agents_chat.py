@@ -26,8 +26,9 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the committee revie
 
 
 def agent_prompt(index: int, approx_tokens: int) -> str:
-    """A distinct long prompt of about ``approx_tokens`` tokens (about 26 tokens a sentence)."""
-    body = "".join(FILLER.format(i=f"{index}.{k}") for k in range(max(1, approx_tokens // 26)))
+    """A distinct long prompt of about ``approx_tokens`` tokens: a sentence is about 34 tokens with
+    SmolLM2's tokenizer (measured: 3000 asked gives 2.8k-3.0k tokens, 6000 gives 5.7k-6.0k)."""
+    body = "".join(FILLER.format(i=f"{index}.{k}") for k in range(max(1, approx_tokens // 34)))
     return (f"<|im_start|>user\nAgent {index}: summarize the following notes.\n{body}<|im_end|>\n"
             "<|im_start|>assistant\n")
 

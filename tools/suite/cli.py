@@ -23,6 +23,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fast", action="store_true", help="the small workloads of the test subset")
     p.add_argument("--model", help="GGUF file (default: the default model)")
     p.add_argument("--out", default="suite-out", help="folder for suite.json, the charts and server logs")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the outcomes already in OUT/suite.json for the scenarios not run now (finish "
+                        "a run that was stopped, or run one scenario again); the JSON says which came from "
+                        "the earlier run")
     p.add_argument("--no-qos", action="store_true",
                    help="start superfluid with --no-http-qos-header (every request in the default class); "
                         "agents + chat is expected to fail then")
@@ -58,19 +62,34 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     command = "python -m tools.suite " + " ".join(argv if argv is not None else sys.argv[1:])
 
+    kept, earlier = [], None
+    if args.resume and (out / "suite.json").exists():
+        previous, doc = report.read_json(out / "suite.json")
+        now = {m.KEY for m in scenarios}
+        kept = [o for o in previous if o.scenario not in now]
+        earlier = {"command": doc.get("command"), "date": doc.get("date"),
+                   "kept": [f"{o.scenario}/{o.target}" for o in kept]}
+
     def meta(**more) -> dict:
         return {"command": command, "model": model, "targets": dict((n, k) for k, n in kinds),
-                "fast": args.fast, "qos": not args.no_qos, "wall_s": round(time.monotonic() - t0, 1), **more}
+                "fast": args.fast, "qos": not args.no_qos, "wall_s": round(time.monotonic() - t0, 1),
+                **({"earlier_run": earlier} if earlier else {}), **more}
+
+    order = {m.KEY: i for i, m in enumerate(ALL)}
+
+    def merged(new) -> list:
+        return sorted(kept + list(new), key=lambda o: order[o.scenario])  # stable: targets keep their order
 
     def keep_partial(so_far) -> None:  # a run stopped halfway still leaves what it measured
-        report.write_json(out / "suite.json", so_far, meta(partial=True))
+        report.write_json(out / "suite.json", merged(so_far), meta(partial=True))
 
-    outcomes = runner.run(scenarios, kinds, args.fast, model, out, qos=not args.no_qos, done=keep_partial)
+    outcomes = merged(runner.run(scenarios, kinds, args.fast, model, out, qos=not args.no_qos,
+                                 done=keep_partial))
     titles = {m.KEY: m.TITLE for m in ALL}
     names = [n for _k, n in kinds]
     charts = []
     for o in outcomes:
-        if o.scenario == "agents_chat":
+        if o.scenario == "agents_chat" and o not in kept:
             png = chart.timeline(o, out / f"agents_chat_{o.target}.png")
             if png:
                 o.figures["chart"] = str(png)

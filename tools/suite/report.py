@@ -17,8 +17,8 @@ HEADLINE = {
     "agents_chat": ["chat_ttft_s", "agents_completed", "wall_s"],
     "kv_exhaustion": ["completed", "demand_over_pool", "wall_s", "median_latency_s"],
     "unload": ["requests", "succeeded", "saw_model_unloaded", "unclear_errors", "hung", "after_reload_status"],
-    "tool_session": ["completed", "first_window_median_s", "last_window_median_s", "ratio",
-                     "last_prompt_tokens", "last_cached_fraction"],
+    "tool_session": ["completed", "first_window_median_s", "last_window_median_s", "cold_s", "late_over_cold",
+                     "late_over_early", "last_prompt_tokens", "last_cached_fraction"],
     "disconnect": ["states", "end"],
     "shared_prefix": ["completed", "times_prefix_prefilled", "shared_prefix_tokens", "median_ttft_s", "wall_s"],
 }
@@ -48,3 +48,11 @@ def write_json(path: Path, outcomes: list[Outcome], meta: dict) -> None:
            "machine": f"{platform.machine()} {platform.system()} {platform.release()}", **meta,
            "outcomes": [o.to_json() for o in outcomes]}
     path.write_text(json.dumps(doc, indent=2, default=str))
+
+
+def read_json(path: Path) -> tuple[list[Outcome], dict]:
+    """The outcomes and the rest of a suite.json written by ``write_json``."""
+    doc = json.loads(Path(path).read_text())
+    outcomes = [Outcome(o["scenario"], o["target"], o["verdict"], o.get("reason", ""), o.get("figures") or {},
+                        o.get("seconds", 0.0)) for o in doc.pop("outcomes", [])]
+    return outcomes, doc
