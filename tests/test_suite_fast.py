@@ -59,3 +59,17 @@ def test_table_and_json(tmp_path):
     report.write_json(tmp_path / "s.json", outs, {"command": "x"})
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [o["verdict"] for o in doc["outcomes"]] == [PASS, NA, FAIL, ERROR]
+
+
+def test_resume_keeps_earlier_outcomes_in_scenario_order(tmp_path, model_path):
+    """--resume re-runs only the named scenarios and keeps the rest of OUT/suite.json."""
+    from tools.suite import cli
+    earlier = [Outcome("shared_prefix", "llama-server", FAIL, "8 times"),
+               Outcome("worker_kill", "llama-server", PASS, "stale: replaced by the new run")]
+    report.write_json(tmp_path / "suite.json", earlier, {"command": "first run"})
+    cli.main(["--targets", "llama-server", "--scenarios", "worker_kill", "--resume",
+              "--model", model_path, "--out", str(tmp_path)])
+    outcomes, doc = report.read_json(tmp_path / "suite.json")
+    assert [(o.scenario, o.verdict) for o in outcomes] == [("worker_kill", NA), ("shared_prefix", FAIL)]
+    assert doc["earlier_run"]["command"] == "first run"
+    assert doc["earlier_run"]["kept"] == ["shared_prefix/llama-server"]
