@@ -57,9 +57,9 @@ async def _one(ctx, p, i):
 async def run(ctx) -> Outcome:
     p = ctx.p
     pool = None
-    if ctx.kind == "superfluid":
-        s = await ctx.get("/slots")
-        pool = s.body["models"][MODEL_NAME].get("kv_capacity") if s.status == 200 else None
+    if ctx.kind == "superfluid":  # the worker's context: every lane's KV cells (/slots has it only after a tick)
+        s = await ctx.get("/health")
+        pool = s.body["models"][MODEL_NAME].get("n_ctx") if s.status == 200 else None
     elif ctx.kind == "llama-server":
         pool = p["lanes"] * p["context"]
     elif ctx.kind == "llama-cpp-python":
