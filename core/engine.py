@@ -28,6 +28,10 @@ class EngineCapabilities:
     prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
     aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
     grammars: bool = False      # honours SamplingParams.grammar (GBNF-constrained sampling)
+    # A step costs more the wider the range of slot ids its lanes span (llama.cpp's per-sequence
+    # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
+    # so the scheduler keeps busy lanes in neighbouring slots.
+    compact_slots: bool = False
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
     tick_target_busy_cap_ms: float = 250.0

@@ -72,9 +72,12 @@ class SlotCache:
         then pinned, oldest first."""
         return sorted(self._tokens, key=lambda s: (self.pinned(s), self._used.get(s, 0.0)))
 
-    def best_slot(self, prompt: list[int], free_slots: list[int]) -> tuple[int, int]:
+    def best_slot(self, prompt: list[int], free_slots: list[int],
+                  busy: list[int] | None = None) -> tuple[int, int]:
         """(slot, reusable tokens): the free slot sharing the longest prefix with ``prompt``; with
-        none worth reusing, an empty slot or else the first cache in eviction order."""
+        none worth reusing, an empty slot or else the first cache in eviction order. Given the
+        ``busy`` slots (an engine whose steps cost more the wider the range of slots they touch),
+        the slot that keeps that range narrowest comes first."""
         best, best_n = None, 0
         limit = len(prompt) - 1  # at least one token is fed, so there are logits to sample
         for slot in free_slots:
@@ -83,10 +86,15 @@ class SlotCache:
                 best, best_n = slot, n
         if best is not None and best_n >= MIN_REUSE:
             return best, best_n
-        empty = [s for s in free_slots if s not in self._tokens]
-        if empty:
-            return empty[-1], 0
-        return min(free_slots, key=lambda s: (self.pinned(s), self._used.get(s, 0.0))), 0
+        return min(free_slots, key=lambda s: (span(busy, s), s in self._tokens, self.pinned(s),
+                                              self._used.get(s, 0.0), -s)), 0
+
+
+def span(busy: list[int] | None, slot: int) -> int:
+    """How wide the range of slot ids gets with ``slot`` added to ``busy`` (0 without ``busy``)."""
+    if not busy:
+        return 0
+    return max(max(busy), slot) - min(min(busy), slot)
 
 
 MIN_HOST_TOKENS = 64  # shorter prefixes are cheaper to prefill again than to keep

@@ -17,7 +17,7 @@ from .engine import Engine
 from .errors import (ContextLengthExceeded, DeadlineExceeded, EngineCrashed, EngineFailure,
                      ServiceUnavailable, SuperfluidError)
 from .lane import Lane, LaneEvent, LaneState
-from .prefix import MIN_REUSE, HostTier, SlotCache, common_prefix
+from .prefix import MIN_REUSE, HostTier, SlotCache, common_prefix, span
 from .request import Request
 from .textstream import TextStream
 from .tick import TickPlan, TickResult
@@ -439,18 +439,19 @@ class Scheduler:
     def _seed(self, lane: Lane) -> int:
         """Pick the lane's slot and seed it from the prefix cache or a running lane; the slot."""
         free = [s for s in self._free_slots if s not in self._copy_sources]
+        busy = [l.slot for l in self.lanes if l.slot is not None] if self.engine.capabilities.compact_slots else None
         if (lane.parked is not None or not self.engine.capabilities.prefix_cache
                 or not lane.request.reuse_prefix):
-            slot, reuse = self.cache.best_slot([], free)[0], 0
+            slot, reuse = self.cache.best_slot([], free, busy)[0], 0
         else:
-            slot, reuse = self.cache.best_slot(lane.tokens, free)
+            slot, reuse = self.cache.best_slot(lane.tokens, free, busy)
             spare = [s for s in free if not self.cache.tokens(s)]
             if reuse and spare and len(self.cache.tokens(slot)) > reuse + MIN_REUSE:
                 # The cache holds more than this lane shares (another conversation that branched
                 # off here): copy the shared part into an empty slot and keep the cache whole.
                 lane.copy_from = slot
                 self._copy_sources.add(slot)
-                slot = spare[-1]
+                slot = min(spare, key=lambda s: (span(busy, s), -s))
             for donor in self.lanes:  # a running lane's KV may hold more of this prompt
                 source = _kv_source(donor)
                 if source is None:

@@ -1122,3 +1122,19 @@ def test_a_branching_lane_copies_the_cache_and_keeps_it_whole(stepped):
     drive(sched, engine, lambda: a.done.is_set() and b.done.is_set())
     assert a.token_ids == expected(branch, 2) and b.token_ids == expected(prompt(700, 40), 2)
     assert engine.errors == []
+
+
+def test_best_slot_keeps_busy_slots_together(prefix_clock):
+    """With ``busy`` given (an engine with compact_slots: llama.cpp attends over every KV buffer
+    between the lowest and highest slot in a step) the slot next to the busy ones wins over an
+    older cache or an empty slot further away; a reusable prefix still wins over both."""
+    cache = SlotCache()
+    for slot in (6, 7, 2):
+        cache.store(slot, prompt(slot * 100, 20))
+        prefix_clock.advance(1)
+    free = [1, 2, 5, 6, 7]                                   # 0, 3, 4 are busy
+    assert cache.best_slot(prompt(900, 30), free) == (5, 0)          # no busy info: an empty slot
+    assert cache.best_slot(prompt(900, 30), free, [0, 3, 4]) == (1, 0)  # inside 0..4, empty first
+    assert cache.best_slot(prompt(900, 30), [5, 6, 7], [3, 4]) == (5, 0)
+    assert cache.best_slot(prompt(900, 30), [6, 7], [0]) == (6, 0)   # the nearer cache, though newer
+    assert cache.best_slot(prompt(700, 30), [6, 7], [0]) == (7, 20)  # reuse beats span
