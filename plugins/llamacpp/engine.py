@@ -12,8 +12,7 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
-from . import worker
-from . import FLASH_ATTN
+from . import FLASH_ATTN, worker
 from .vocab import Vocab
 
 log = logging.getLogger("superfluid.llamacpp")
