@@ -91,6 +91,18 @@ async def complete(
     return Completion(completion_tokens=usage["completion_tokens"], sent=sent, done=done)
 
 
+async def sse_data(content: aiohttp.StreamReader):
+    """The ``data:`` payloads of a server-sent-events body, as bytes, up to ``[DONE]``."""
+    async for raw in content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield payload
+
+
 def _has_content(chunk: Any) -> bool:
     """A chunk carrying generated text: content, or reasoning_content for servers
     that split a thinking model's reasoning out of content."""
@@ -128,13 +140,7 @@ async def stream_ttft(
     ) as resp:
         if resp.status != 200:
             raise await _error(resp, "POST /v1/chat/completions")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
+        async for payload in sse_data(resp.content):
             if ttft is None:
                 try:
                     chunk = json.loads(payload)

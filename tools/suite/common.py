@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from tools.bench.client import sse_data
+
 PASS, FAIL, NA, ERROR = "pass", "fail", "n/a", "error"
 SYMBOL = {PASS: "✓", FAIL: "✗", NA: "n/a", ERROR: "err"}
 
@@ -135,13 +137,7 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict, headers: 
                 res.done = time.monotonic()
                 return res
             parts = []
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
+            async for payload in sse_data(r.content):
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
