@@ -32,11 +32,12 @@ def cache_server(start_server):
     return start_server("--max-batch", "4")
 
 
-def test_second_turn_reuses_the_prefix(cache_server):
-    srv = cache_server
+def check_second_turn_reuses_the_prefix(srv, max_tokens: int) -> tuple[float, float, dict, float]:
+    """A conversation's second turn prefills only its new tokens; (cold seconds, warm seconds,
+    the second reply, tokens reused). Shared with the unified-pool test."""
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": LONG_DOC + "\nSummarize."}]
     before = metric(srv, "superfluid_prefill_tokens_total")
-    first, cold_s = post(srv, "/v1/chat/completions", {"messages": turn1, "max_tokens": 1, "temperature": 0})
+    first, cold_s = post(srv, "/v1/chat/completions", {"messages": turn1, "max_tokens": max_tokens, "temperature": 0})
     cold_prefill = metric(srv, "superfluid_prefill_tokens_total") - before
     assert cold_prefill == first["usage"]["prompt_tokens"]
 
@@ -44,13 +45,17 @@ def test_second_turn_reuses_the_prefix(cache_server):
     turn2 = turn1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks. Shorter?"}]
     hits_before = metric(srv, "superfluid_prefix_cache_hit_tokens_total")
     before = metric(srv, "superfluid_prefill_tokens_total")
-    second, warm_s = post(srv, "/v1/chat/completions", {"messages": turn2, "max_tokens": 1, "temperature": 0})
+    second, warm_s = post(srv, "/v1/chat/completions", {"messages": turn2, "max_tokens": max_tokens, "temperature": 0})
     warm_prefill = metric(srv, "superfluid_prefill_tokens_total") - before
     reused = metric(srv, "superfluid_prefix_cache_hit_tokens_total") - hits_before
-    prompt2 = second["usage"]["prompt_tokens"]
     assert reused >= first["usage"]["prompt_tokens"] - 1
-    assert warm_prefill == prompt2 - reused
-    assert warm_prefill < 40          # only the new turn
+    assert warm_prefill == second["usage"]["prompt_tokens"] - reused
+    assert warm_prefill < 40, (cold_prefill, warm_prefill)  # only the new turn
+    return cold_s, warm_s, second, reused
+
+
+def test_second_turn_reuses_the_prefix(cache_server):
+    cold_s, warm_s, _, _ = check_second_turn_reuses_the_prefix(cache_server, max_tokens=1)
     assert warm_s < cold_s            # prefilled ~30 tokens instead of ~900
 
 

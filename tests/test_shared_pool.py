@@ -11,28 +11,13 @@ import urllib.request
 
 import pytest
 
-from .test_prefix_cache import LONG_DOC, SYSTEM, metric, post
+from .test_prefix_cache import LONG_DOC, SYSTEM, check_second_turn_reuses_the_prefix, metric, post
 
 
 def test_unified_pool_second_turn_reuses_the_prefix(start_server):
     srv = start_server("--max-batch", "4", "--kv-unified")
     assert '"kv_unified": true' in json.dumps(srv.get_json("/health"))
-    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": LONG_DOC + "\nSummarize."}]
-    before = metric(srv, "superfluid_prefill_tokens_total")
-    first, _ = post(srv, "/v1/chat/completions", {"messages": turn1, "max_tokens": 8, "temperature": 0})
-    cold_prefill = metric(srv, "superfluid_prefill_tokens_total") - before
-    assert cold_prefill == first["usage"]["prompt_tokens"]
-
-    reply = first["choices"][0]["message"]["content"]
-    turn2 = turn1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks. Shorter?"}]
-    hits_before = metric(srv, "superfluid_prefix_cache_hit_tokens_total")
-    before = metric(srv, "superfluid_prefill_tokens_total")
-    second, _ = post(srv, "/v1/chat/completions", {"messages": turn2, "max_tokens": 8, "temperature": 0})
-    warm_prefill = metric(srv, "superfluid_prefill_tokens_total") - before
-    reused = metric(srv, "superfluid_prefix_cache_hit_tokens_total") - hits_before
-    assert reused >= first["usage"]["prompt_tokens"] - 1
-    assert warm_prefill == second["usage"]["prompt_tokens"] - reused
-    assert warm_prefill < 40, (cold_prefill, warm_prefill)  # only the new turn
+    _, _, second, reused = check_second_turn_reuses_the_prefix(srv, max_tokens=8)
     assert second["usage"].get("prompt_tokens_details", {}).get("cached_tokens", reused) == reused
 
 
