@@ -14,7 +14,7 @@ import attrs
 from .config import Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
-from .errors import ModelNotFound, ServiceUnavailable, SuperfluidError
+from .errors import ModelNotFound, ServiceUnavailable
 from .scheduler import Scheduler, SchedulerSettings
 from .sessions import SessionStore
 

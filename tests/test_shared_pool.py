@@ -9,7 +9,6 @@ import concurrent.futures as cf
 import json
 import urllib.request
 
-
 from .test_prefix_cache import LONG_DOC, SYSTEM, check_second_turn_reuses_the_prefix, metric, post
 
 
