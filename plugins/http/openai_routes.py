@@ -204,7 +204,7 @@ class OpenAIRoutes:
         runtime, req_args, stream, include_usage = self._prepare(request, body, kind, arrived)
         if qos is not None:
             req_args["qos"] = qos
-        bridge = EventBridge(asyncio.get_running_loop())
+        bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=not stream)
         req = Request(sink=bridge, arrived=arrived, **req_args)
         runtime.scheduler.submit(req)
         shape = _Shape(kind=kind, model=runtime.name)
