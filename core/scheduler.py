@@ -440,6 +440,7 @@ class Scheduler:
         """Pick the lane's slot and seed it from the prefix cache or a running lane; the slot."""
         free = [s for s in self._free_slots if s not in self._copy_sources]
         busy = [l.slot for l in self.lanes if l.slot is not None] if self.engine.capabilities.compact_slots else None
+        head = 0  # tokens the chosen slot's own cache shares with the prompt, when nothing longer is reused
         if (lane.parked is not None or not self.engine.capabilities.prefix_cache
                 or not lane.request.reuse_prefix):
             slot, reuse = self.cache.best_slot([], free, busy)[0], 0
@@ -466,9 +467,15 @@ class Scheduler:
                 if key is not None and shared > reuse and shared >= MIN_REUSE:
                     reuse, lane.restore_prefix, lane.copy_from = shared, key, None
                     self.host.touch(key)
+            if reuse == 0 and lane.copy_from is None and lane.restore_prefix is None:
+                # Too short to be worth a copy, but keeping it in place is free: the slot's cache
+                # is cut after the head it shares with the prompt (often a chat template's first
+                # tokens), once the whole cache has gone to host memory like any overwritten one.
+                head = min(common_prefix(self.cache.tokens(slot), lane.tokens), len(lane.tokens) - 1)
         old = self.cache.tokens(slot)
         if old and (reuse == 0 or lane.copy_from is not None or lane.restore_prefix is not None):
             self._evict_to_host(slot, old, "slot_reuse")  # this slot's cache is about to be overwritten
+        reuse = reuse or head
         self._free_slots.remove(slot)
         self.cache.forget(slot)
         if reuse:

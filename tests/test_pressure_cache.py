@@ -824,6 +824,29 @@ def test_short_prompts_are_not_seeded(make, observer):
     assert sum(s.cache_hits for s in observer.of(sched.name)) == 0
 
 
+def test_a_short_head_is_kept_in_place_when_the_slot_cache_is_overwritten(make, observer):
+    """No empty slot left and nothing worth a copy: the lane takes the least recently used cache,
+    which first goes to host memory whole, and keeps the few tokens it shares with the prompt
+    (llama-server does the same); no copy, no restore."""
+    sched, engine = make(max_batch=2, extra={"host-cache-mb": 1})
+    a, b = prompt(100, 80), prompt(300, 80)
+    _, lp_a = run_threaded(sched, engine, a, 3)
+    run_threaded(sched, engine, b, 3)                   # the other slot: both now hold a cache
+    c = a[:5] + prompt(600, 70)                         # shares 5 tokens with a: below MIN_REUSE
+    n0 = len(engine.plans_snapshot())
+    _, lp = run_threaded(sched, engine, c, 3)
+    assert lp.slot == lp_a.slot and lp.reset
+    assert lp.pos == 5 and lp.feed == c[5:]
+    assert lp.copy_from is None and lp.restore is None
+    parked = [slot for plan in engine.plans_snapshot()[n0:] for slot, _ in plan.park]
+    assert parked == [lp_a.slot]                        # a's whole cache went to host memory first
+    assert engine.errors == []
+
+    d = prompt(900, 40)                                 # shares nothing with the LRU cache (b)
+    _, lp = run_threaded(sched, engine, d, 3)
+    assert lp.pos == 0 and lp.feed == d
+
+
 def test_burst_sharing_a_prefix_copies_it_from_the_running_lane(make):
     sched, engine = make(max_batch=4)
     shared = prompt(100, 64)
