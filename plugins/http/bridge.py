@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 
 from superfluid.core.lane import LaneEvent
 
-_posts = itertools.count()  # every wake-up handed to an event loop, for catchup to tell if any came
-_posted = 0
+_posted = 0  # wake-ups handed to event loops so far, for catchup to tell whether a tick posted any
 
 
 def posted() -> int:
@@ -37,7 +35,7 @@ class EventBridge:
         if self.hold_deltas and event.kind == "delta":
             self._held.append(event)
             return
-        _posted = next(_posts) + 1
+        _posted += 1  # a racing thread may lose an increment: the count still moves, all catchup reads
         self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
     async def events(self):
