@@ -72,6 +72,25 @@ def test_repeated_prompt_reuses_cache_and_gives_the_same_text(cache_server):
     assert any(s["state"] == "free" and s["cached_tokens"] > 100 for s in slots)
 
 
+def test_a_short_shared_head_is_kept_when_a_slot_cache_is_overwritten(start_server):
+    """One lane, so every request overwrites the previous one's cache: the few tokens two raw
+    ChatML prompts share (below the 16 worth a copy) stay in place, only the rest is prefilled,
+    and the reply is the one the prompt gets from an empty slot."""
+    srv = start_server("--max-batch", "1")
+    fruit = {"prompt": "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n",
+             "max_tokens": 8, "temperature": 0}
+    other = {**fruit, "prompt": "<|im_start|>user\nWhat is two plus two?<|im_end|>\n<|im_start|>assistant\n"}
+    cold, _ = post(srv, "/v1/completions", fruit)        # an empty slot: nothing to reuse
+    assert cold["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
+    post(srv, "/v1/completions", other)                  # overwrites the fruit prompt's cache
+    before = metric(srv, "superfluid_prefill_tokens_total")
+    warm, _ = post(srv, "/v1/completions", fruit)        # lands on the other prompt's cache
+    head = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < head < 16, warm["usage"]
+    assert metric(srv, "superfluid_prefill_tokens_total") - before == warm["usage"]["prompt_tokens"] - head
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
 def test_shared_prefix_burst_prefills_the_prefix_once(start_server):
     srv = start_server("--max-batch", "8")
     prefix = f"<|im_start|>system\n{SYSTEM}\n{LONG_DOC}<|im_end|>\n<|im_start|>user\n"
