@@ -75,6 +75,9 @@ class TickRunner:
         self.greedy: set[int] = set()  # plain argmax lanes: sampled with numpy, no chain
         self.parked: dict[str, ctypes.Array] = {}  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.logits = LogitRows(self.n_vocab)
+        self.is_eog = _EogMemo(self.vocab)
+        self.used: dict[int, int] = {}  # slot -> cells it holds, re-read only for slots a tick touched
 
     def close(self) -> None:
         for chain in self.samplers.values():
@@ -94,15 +97,14 @@ class TickRunner:
         self.constrained.discard(slot)
         self.greedy.discard(slot)
 
-    def kv_used(self) -> int:
+    def kv_used(self, touched=None) -> int:
         """Cells held, per sequence. In a shared pool a cell two sequences share counts twice (an
-        upper bound: llama.cpp exposes no count of used cells)."""
-        used = 0
-        for seq in range(self.n_seq):
+        upper bound: llama.cpp exposes no count of used cells). Only a sequence a tick fed, cut,
+        seeded or cleared can have changed, so only ``touched`` slots are asked again (all if None)."""
+        for seq in range(self.n_seq) if touched is None else touched:
             top = llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
-            if top >= 0:
-                used += top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1
-        return used
+            self.used[seq] = top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1 if top >= 0 else 0
+        return sum(self.used.values())
 
     # ---- one tick ---------------------------------------------------------------------------
 
@@ -242,7 +244,8 @@ class TickRunner:
             result.lanes[w.slot] = w.result
         result.parked_bytes = sum(len(b) for b in self.parked.values())
         result.seconds = time.perf_counter() - t_start
-        result.kv_used = self.kv_used()
+        touched = {lp.slot for lp in plan.lanes}.union(plan.release)
+        result.kv_used = self.kv_used(touched if len(self.used) == self.n_seq else None)
         result.kv_capacity = self.kv_capacity
         return result
 
@@ -311,7 +314,7 @@ class TickRunner:
             w.result.tokens.append(token)
             w.accept = False  # tokens it sampled itself are already accepted
             w.decoding = True
-            if llama_cpp.llama_vocab_is_eog(self.vocab, token) and not w.ignore_eos:
+            if self.is_eog(token) and not w.ignore_eos:
                 w.result.eog = True
             elif len(w.result.tokens) < w.max_new:
                 w.feed = [token]
@@ -335,7 +338,48 @@ class TickRunner:
         """Greedy lanes take the argmax of the logits directly (the first maximum, as llama.cpp's
         greedy sampler does) instead of building a candidate array for the whole vocabulary."""
         if slot in self.greedy:
-            ptr = llama_cpp.llama_get_logits_ith(self.ctx, index)
-            logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), (self.n_vocab,))
-            return int(logits.argmax())
+            return int(self.logits.row(self.ctx, index).argmax())
         return llama_cpp.llama_sampler_sample(chain, self.ctx, index)
+
+
+# llama_get_logits_ith with the row's address as a plain int: llama-cpp-python's binding returns a
+# float pointer, and casting that to an array costs several times the argmax it feeds.
+_logits_row_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(llama_cpp.llama_get_logits_ith, ctypes.c_void_p).value)
+
+
+class LogitRows:
+    """numpy views of logits rows, kept by address: llama.cpp writes every step's logits into
+    the same output buffer, so after the first steps a row costs one call and a dict lookup."""
+
+    MAX_VIEWS = 4096  # rows of a 512-output buffer, several times over
+
+    def __init__(self, n_vocab: int):
+        self.n_vocab = n_vocab
+        self.views: dict[int, np.ndarray] = {}
+
+    def row(self, ctx, index: int) -> np.ndarray:
+        address = _logits_row_address(ctx, index)
+        if not address:
+            raise RuntimeError(f"llama.cpp has no logits for batch row {index}")
+        view = self.views.get(address)
+        if view is None:
+            if len(self.views) >= self.MAX_VIEWS:  # the buffer moved many times: start over
+                self.views.clear()
+            view = self.views[address] = np.frombuffer(
+                (ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
+        return view
+
+
+class _EogMemo:
+    """``llama_vocab_is_eog`` remembered per token: a decode step asks it for every sampled token."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+        self.known: dict[int, bool] = {}
+
+    def __call__(self, token: int) -> bool:
+        known = self.known.get(token)
+        if known is None:
+            known = self.known[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return known
