@@ -123,16 +123,17 @@ class WorkerProcess:
             raise WorkerDied(f"model {self.model!r}: no {self.label} running")
         try:
             conn.send(msg)
-            while not conn.poll(0.5):
-                if not self._proc.is_alive():
-                    raise WorkerDied(f"model {self.model!r}: {self.label} exited (code {self._proc.exitcode})")
+            # A blocking read, not a poll loop: the worker holds the only other end of the pipe, so
+            # its death (even SIGKILL) ends the read with EOFError; a poll and its selector would
+            # add two system calls to every tick.
             kind, payload = conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
             self.state = "dead"
-            raise WorkerDied(f"model {self.model!r}: {self.label} connection lost ({exc})") from None
-        except WorkerDied:
-            self.state = "dead"
-            raise
+            if self._proc is not None:
+                self._proc.join(1.0)  # a dying worker closes the pipe a moment before it is reaped
+            code = self._proc.exitcode if self._proc is not None else None
+            raise WorkerDied(f"model {self.model!r}: {self.label} connection lost "
+                             f"({exc or type(exc).__name__}; exit code {code})") from None
         if kind != "ok":
             raise EngineFailure(f"model {self.model!r}: {payload}")
         return payload
