@@ -107,6 +107,7 @@ class HostTier:
     def __init__(self, limit_bytes: int):
         self.limit = limit_bytes
         self._entries: dict[str, list] = {}  # key -> [tokens, bytes, last use]
+        self._bytes = 0  # the entries' bytes, kept as they change: read every tick
         self._next = 0
 
     def __len__(self) -> int:
@@ -114,7 +115,7 @@ class HostTier:
 
     @property
     def bytes(self) -> int:
-        return sum(e[1] for e in self._entries.values())
+        return self._bytes
 
     def add(self, tokens: list[int], force: bool = False) -> str | None:
         """A key to park a prefix under, or None if it is not worth keeping (``force``: a park
@@ -130,10 +131,12 @@ class HostTier:
         """The engine reported the bytes it holds for ``key`` (0: it could not park it)."""
         if key not in self._entries:
             return
+        self._bytes -= self._entries[key][1]
         if size <= 0:
             del self._entries[key]
         else:
             self._entries[key][1] = size
+            self._bytes += size
 
     def best(self, prompt: list[int]) -> tuple[str | None, int]:
         best, best_n = None, 0
@@ -152,7 +155,9 @@ class HostTier:
         return list(entry[0]) if entry else []
 
     def remove(self, key: str) -> None:
-        self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry[1]
 
     def touch(self, key: str) -> None:
         """The entry was imported: it becomes the most recently used."""
@@ -161,6 +166,8 @@ class HostTier:
 
     def trim(self) -> list[str]:
         """Keys to drop (least recently used first) until the tier fits its limit."""
+        if self.bytes <= self.limit:  # the usual case, asked every tick: no sort
+            return []
         dropped = []
         total = self.bytes
         for key, (_, size, _) in sorted(self._entries.items(), key=lambda kv: kv[1][2]):
@@ -169,10 +176,11 @@ class HostTier:
             dropped.append(key)
             total -= size
         for key in dropped:
-            del self._entries[key]
+            self._bytes -= self._entries.pop(key)[1]
         return dropped
 
     def clear(self) -> list[str]:
         keys = list(self._entries)
         self._entries.clear()
+        self._bytes = 0
         return keys

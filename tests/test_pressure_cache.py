@@ -714,6 +714,21 @@ def test_host_tier_parked_sizes():
     assert host.best(prompt(100, 70)) == (None, 0)
 
 
+def test_host_tier_bytes_follow_every_change():
+    host = HostTier(1 << 20)
+    k1, k2, k3 = (host.add(prompt(i * 100, 70)) for i in range(3))
+    host.parked(k1, 1000)
+    host.parked(k2, 500)
+    host.parked(k1, 600)                                               # reported again: replaced, not added
+    assert host.bytes == 1100
+    host.remove(k2)
+    host.remove(k2)                                                    # gone already: nothing changes
+    assert host.bytes == 600 and len(host) == 2
+    host.parked(k3, 50)
+    host.remove(k1)
+    assert host.bytes == 50
+
+
 def test_host_tier_best():
     host = HostTier(1 << 20)
     p = prompt(100, 120)
