@@ -62,48 +62,66 @@ class Metrics:
         self.kv_used = Gauge("superfluid_kv_cells_used", "KV cells in use", ["model"], registry=r)
         self.kv_capacity = Gauge("superfluid_kv_cells_capacity", "KV cells in the pool", ["model"], registry=r)
         self.kv_occupancy = Gauge("superfluid_kv_pool_occupancy", "KV pool occupancy (0..1)", ["model"], registry=r)
+        self._children: dict[tuple, object] = {}
+        self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
+
+    def _child(self, metric, *labels):
+        """``metric.labels(*labels)``, remembered: the scheduler thread updates some thirty
+        series after every tick, and ``labels()`` validates and locks on every call."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def _set(self, gauge, labels: tuple, value) -> None:
+        """Set a gauge series only when its value changed: most keep their value tick after tick."""
+        key = (gauge, labels)
+        if self._values.get(key) != value:
+            self._values[key] = value
+            self._child(gauge, *labels).set(value)
 
     def tick_done(self, model: str, stats) -> None:
-        self.ticks.labels(model).inc()
-        self.tick_seconds.labels(model).observe(stats.seconds)
+        self._child(self.ticks, model).inc()
+        self._child(self.tick_seconds, model).observe(stats.seconds)
         if stats.prefill_budget:
-            self.prefill_budget.labels(model).set(stats.prefill_budget)
+            self._set(self.prefill_budget, (model,), stats.prefill_budget)
         if stats.decode_grant:
-            self.decode_grant.labels(model).set(stats.decode_grant)
-        self.lanes_busy.labels(model).set(stats.lanes_busy)
-        self.lanes_max.labels(model).set(stats.max_lanes)
+            self._set(self.decode_grant, (model,), stats.decode_grant)
+        self._set(self.lanes_busy, (model,), stats.lanes_busy)
+        self._set(self.lanes_max, (model,), stats.max_lanes)
         for cls in qos_classes.CLASSES:
-            self.queue_depth.labels(model, cls).set(stats.queue_by_class.get(cls, 0))
-            self.lanes_by_class.labels(model, cls).set(stats.lanes_by_class.get(cls, 0))
+            self._set(self.queue_depth, (model, cls), stats.queue_by_class.get(cls, 0))
+            self._set(self.lanes_by_class, (model, cls), stats.lanes_by_class.get(cls, 0))
         if stats.prefill_tokens:
-            self.prefill_tokens.labels(model).inc(stats.prefill_tokens)
+            self._child(self.prefill_tokens, model).inc(stats.prefill_tokens)
         for cls, seconds in stats.first_tokens:
-            self.ttft.labels(model, cls).observe(seconds)
+            self._child(self.ttft, model, cls).observe(seconds)
         if stats.preempted:
-            self.preemptions.labels(model).inc(stats.preempted)
+            self._child(self.preemptions, model).inc(stats.preempted)
         if stats.promoted:
-            self.promotions.labels(model).inc(stats.promoted)
-        self.parked_bytes.labels(model).set(stats.parked_bytes)
+            self._child(self.promotions, model).inc(stats.promoted)
+        self._set(self.parked_bytes, (model,), stats.parked_bytes)
         if stats.cache_hits:
-            self.cache_hits.labels(model).inc(stats.cache_hits)
-            self.cache_hit_tokens.labels(model).inc(stats.cache_hit_tokens)
-        self.cached_tokens.labels(model).set(stats.cached_tokens)
+            self._child(self.cache_hits, model).inc(stats.cache_hits)
+            self._child(self.cache_hit_tokens, model).inc(stats.cache_hit_tokens)
+        self._set(self.cached_tokens, (model,), stats.cached_tokens)
         for reason, count in stats.evictions.items():
-            self.evictions.labels(model, reason).inc(count)
+            self._child(self.evictions, model, reason).inc(count)
         if stats.pool_rejections:
-            self.pool_rejections.labels(model).inc(stats.pool_rejections)
-        self.host_bytes.labels(model).set(stats.host_bytes)
-        self.host_entries.labels(model).set(stats.host_entries)
-        self.pressure.labels(model).set({"warning": 1, "critical": 2}.get(stats.pressure, 0))
-        self.kv_used.labels(model).set(stats.kv_used)
-        self.kv_capacity.labels(model).set(stats.kv_capacity)
+            self._child(self.pool_rejections, model).inc(stats.pool_rejections)
+        self._set(self.host_bytes, (model,), stats.host_bytes)
+        self._set(self.host_entries, (model,), stats.host_entries)
+        self._set(self.pressure, (model,), {"warning": 1, "critical": 2}.get(stats.pressure, 0))
+        self._set(self.kv_used, (model,), stats.kv_used)
+        self._set(self.kv_capacity, (model,), stats.kv_capacity)
         if stats.kv_capacity:
-            self.kv_occupancy.labels(model).set(stats.kv_used / stats.kv_capacity)
+            self._set(self.kv_occupancy, (model,), stats.kv_used / stats.kv_capacity)
 
     def lane_finished(self, model: str, lane) -> None:
-        self.prompt_tokens.labels(model).inc(lane.n_prompt)
-        self.generated_tokens.labels(model).inc(lane.n_output)
-        self.requests.labels(model, lane.finish_reason or "error").inc()
+        self._child(self.prompt_tokens, model).inc(lane.n_prompt)
+        self._child(self.generated_tokens, model).inc(lane.n_output)
+        self._child(self.requests, model, lane.finish_reason or "error").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
