@@ -43,12 +43,19 @@ def tick(model_path):
     thread.join(30)
 
 
-def generate(tick, slots: list[int], n: int, rounds: int) -> dict[int, list[int]]:
-    """Greedy tokens for PROMPTS[slot] in each slot, all lanes together, ``rounds`` decode rounds a tick."""
+def generate(tick, slots: list[int], n: int, rounds: int, beside: bool = False) -> dict[int, list[int]]:
+    """Greedy tokens for PROMPTS[slot] in each slot, all lanes together, ``rounds`` decode rounds a
+    tick; ``beside``: slot 3 prefills a chunk in every tick too, without sampling (a batch token
+    that asks for no logits)."""
     out = {slot: [] for slot in slots}
+    filler = 0
     plans = [LanePlan(slot=slot, pos=0, feed=list(PROMPTS[slot]), sample=True, max_new=1, reset=True,
                       sampling=GREEDY, ignore_eos=True) for slot in slots]
     while plans:
+        if beside:
+            plans.append(LanePlan(slot=3, pos=filler, feed=PROMPTS[1][:5], sample=False,
+                                  reset=filler == 0, sampling=GREEDY))
+            filler += 5
         result = tick(TickPlan(lanes=plans))
         plans = []
         for slot in slots:
@@ -57,19 +64,21 @@ def generate(tick, slots: list[int], n: int, rounds: int) -> dict[int, list[int]
                 plans.append(LanePlan(slot=slot, pos=len(PROMPTS[slot]) + len(out[slot]) - 1, feed=[out[slot][-1]],
                                       sample=True, max_new=min(rounds, n - len(out[slot])), decode=True,
                                       ignore_eos=True))
-    tick(TickPlan(release=list(slots)))
+    tick(TickPlan(release=list(slots) + ([3] if beside else [])))
     return out
 
 
 def test_greedy_tokens_do_not_depend_on_how_steps_are_cut_into_ticks_or_batched(tick):
     alone_long = generate(tick, [0], 24, rounds=23)[0]
     alone_short = generate(tick, [0], 24, rounds=3)[0]
-    together = generate(tick, [0, 1], 24, rounds=5)  # two logits rows a step: two row addresses
+    together = generate(tick, [0, 1], 24, rounds=5)  # two logits rows a step
+    with_prefill = generate(tick, [0, 1], 24, rounds=4, beside=True)
     other_alone = generate(tick, [1], 24, rounds=24)[1]
     assert len(alone_long) == 24
     assert alone_short == alone_long
     assert together[0] == alone_long
     assert together[1] == other_alone != alone_long
+    assert with_prefill == together
 
 
 def test_kv_cell_count_follows_the_slots_a_tick_touched(tick):
