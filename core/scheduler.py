@@ -220,6 +220,7 @@ class Scheduler:
                                "parked": l.parked is not None} for l in self.queue],
                     "ticks": self.ticks, "kv_used": self.kv[0], "kv_capacity": self.kv[1],
                     "kv_cached": self.cache.cached_tokens(),
+                    "pinned_prefixes": len(self._pins),  # --pin-prompt's and open sessions' system prompts
                     "parked_bytes": max(0, self.parked_bytes - self.host.bytes),  # by preempted lanes
                     "host_cache_bytes": self.host.bytes,
                     "costs": self.costs.as_dict()}

@@ -49,9 +49,12 @@ class Session:
     state: str = "open"                                 # open | parked | closed
     prompt_tokens: list[int] = attrs.field(factory=list)  # the last turn's prompt (its KV is cached)
     artifact_tokens: list[int] | None = None           # what the park artifact on disk holds
-    artifact_loaded: bool = False                       # adopted by this process's engine
+    # The scheduler that took the park artifact into its host tier, and the one holding the
+    # system prompt's pin: a model unloaded and loaded again has a new scheduler holding neither.
+    artifact_adopted_by: object | None = attrs.field(default=None, repr=False)
     busy: bool = False                                  # a turn is running
-    pinned_tokens: list[int] | None = None              # the pin this process's scheduler holds
+    pinned_tokens: list[int] | None = None              # the system prompt's tokens, once pinned
+    pinned_by: object | None = attrs.field(default=None, repr=False)
     window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
 
     @property
@@ -169,7 +172,7 @@ class SessionStore:
             tmp.write_text(json.dumps(meta))
             os.replace(tmp, self._artifact_meta(session.id))
             session.artifact_tokens = list(tokens)
-            session.artifact_loaded = False
+            session.artifact_adopted_by = None
         self._append(session, {"op": "park", "tokens": len(tokens or [])})
 
     def resumed(self, session: Session) -> None:

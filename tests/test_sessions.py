@@ -134,3 +134,26 @@ def test_sessions_survive_a_restart(model_path, tmp_path):
     finally:
         srv.stop()
     assert "skipped" in srv.log()
+
+
+def test_a_reloaded_model_pins_and_restores_sessions_again(start_server, tmp_path):
+    """Unloading a model drops its scheduler's pins and host tier. The next turn of an open
+    session pins its system prompt in the new scheduler and takes its park artifact again."""
+    srv = start_server("--state-dir", str(tmp_path / "state"), "--park", "--max-batch", "2")
+    pins = lambda: srv.get_json("/slots")["models"]["smollm2"]["pinned_prefixes"]  # noqa: E731
+    _, session = call(srv, "POST", "/v1/sessions", {"system": SYSTEM, "pin_system": True})
+    sid = session["id"]
+    assert pins() == 1
+    turn(srv, sid, "What are the opening hours?")
+    status, parked = call(srv, "POST", f"/v1/sessions/{sid}/park")
+    assert status == 200 and parked["parked_tokens"] > 0
+    turn(srv, sid, "And on Sundays?")  # resumed from the artifact in this scheduler
+    assert call(srv, "POST", "/admin/models/smollm2/unload", {"drain_timeout_s": 1})[0] == 200
+    assert call(srv, "POST", "/admin/models/smollm2/load")[0] == 200
+    assert pins() == 0                  # a new scheduler: nothing pinned yet
+    after = turn(srv, sid, "Thank you.")
+    assert pins() == 1
+    # The artifact held the first turn's prompt; the new engine restores it instead of prefilling.
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] >= parked["parked_tokens"] - 1, after["usage"]
+    assert call(srv, "DELETE", f"/v1/sessions/{sid}")[0] == 200
+    assert pins() == 0

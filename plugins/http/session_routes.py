@@ -63,10 +63,14 @@ class SessionRoutes:
         return web.json_response(session.view(), status=201)
 
     def _pin(self, session, runtime) -> None:
-        """Pin the session's system prompt in this process's prefix cache (once)."""
-        if session.pin_system and session.pinned_tokens is None and session.state != "closed":
+        """Pin the session's system prompt in the model's prefix cache, once per scheduler: a
+        model unloaded and loaded again starts with no pins."""
+        if not session.pin_system or session.state == "closed" or session.pinned_by is runtime.scheduler:
+            return
+        if session.pinned_tokens is None:
             session.pinned_tokens = self.openai.chat_prefix_tokens(runtime, session.history()[:1])
-            runtime.scheduler.pin_prefix(session.pinned_tokens)
+        runtime.scheduler.pin_prefix(session.pinned_tokens)
+        session.pinned_by = runtime.scheduler
 
     async def list(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list",
@@ -79,8 +83,10 @@ class SessionRoutes:
     async def close(self, request: web.Request) -> web.Response:
         session = self._usable(request.match_info["sid"], idle=True)
         self.store.close(session)
-        if session.pinned_tokens is not None and session.model in self.daemon.models:
-            self.daemon.models[session.model].scheduler.pin_prefix(session.pinned_tokens, pin=False)
+        runtime = self.daemon.models.get(session.model)
+        if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.scheduler:
+            runtime.scheduler.pin_prefix(session.pinned_tokens, pin=False)
+        session.pinned_by = None
         return web.json_response({"id": session.id, "object": "session.deleted", "deleted": True})
 
     async def set_qos(self, request: web.Request) -> web.Response:
@@ -103,9 +109,10 @@ class SessionRoutes:
         params.chat_messages(body)  # validates the new messages (400s name the field)
         runtime = self.daemon.get(session.model)
         self._pin(session, runtime)
-        if session.artifact_tokens and not session.artifact_loaded:  # restored instead of prefilled
-            session.artifact_loaded = runtime.scheduler.adopt_prefix(
-                session.artifact_tokens, self.store.artifact_path(session.id))
+        if session.artifact_tokens and session.artifact_adopted_by is not runtime.scheduler:
+            # restored instead of prefilled (again after a reload: the old host tier is gone)
+            if runtime.scheduler.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
+                session.artifact_adopted_by = runtime.scheduler
         self.store.resumed(session)
         await self._fit(request, session, runtime, body)
         full = {**body, "model": session.model, "messages": session.history() + body["messages"]}
