@@ -282,3 +282,21 @@ def test_http_error_stops_the_run_and_is_reported():
     assert res.error is not None and "404" in res.error
     assert [r.target for r in res.throughput_rounds] == ["A"]  # what ran before is kept
     assert "Stopped early" in report.markdown(res)
+
+
+def test_round_ratios_pair_the_targets_round_by_round():
+    s = Settings(concurrencies=[2], rounds=3, warmup=1)
+    res = Results(targets=[Target("a", "http://x"), Target("b", "http://y")], settings=s)
+    rows = [("a", 0, True, 500.0), ("b", 0, True, 100.0),     # warm-up: left out
+            ("a", 1, False, 90.0), ("b", 1, False, 100.0),
+            ("a", 2, False, 120.0), ("b", 2, False, 100.0),
+            ("a", 3, False, 50.0), ("b", 3, False, 50.0)]
+    for target, rnd, warm, tok_s in rows:
+        res.throughput_rounds.append(ThroughputRound(
+            target=target, concurrency=2, round=rnd, warmup=warm,
+            completion_tokens=[1], wall_s=1.0, tok_s=tok_s, short=0))
+    assert res.round_ratios("a", "b", 2) == pytest.approx([0.9, 1.2, 1.0])
+    assert res.round_ratios("a", "b", 4) == []
+    table = report.markdown(res)
+    assert "| round by round: median (rounds a led) | 1.00 (2/3) |" in table
+    assert res.to_json()["round_ratios"] == {"a/b": {"2": pytest.approx([0.9, 1.2, 1.0])}}

@@ -14,6 +14,13 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _paired(ratios: list[float]) -> str:
+    """Median of per-round ratios and how many rounds the first target led, e.g. 0.98 (3/9)."""
+    if not ratios:
+        return "-"
+    return f"{method.median(ratios):.2f} ({sum(r >= 1.0 for r in ratios)}/{len(ratios)})"
+
+
 def _table(header: str, cols: list[int], rows: list[tuple[str, list[str]]]) -> list[str]:
     lines = [f"| {header} | " + " | ".join(str(c) for c in cols) + " |",
              "|---|" + "---:|" * len(cols)]
@@ -43,6 +50,8 @@ def markdown(res: Results) -> str:
             ratios = [method.ratio(a, b) for a, b in zip(grid[first], grid[t.name])]
             rows.append((f"{first} / {t.name}",
                          ["-" if r is None else f"{r:.2f}x" for r in ratios]))
+            rows.append((f"round by round: median (rounds {first} led)",
+                         [_paired(res.round_ratios(first, t.name, c)) for c in cs]))
         out += _table("target", cs, rows)
         short = sum(r.short for r in res.throughput_rounds)
         if short:

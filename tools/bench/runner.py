@@ -82,6 +82,16 @@ class Results:
              if r.target == target and r.concurrency == concurrency and not r.warmup]
         )
 
+    def round_ratios(self, first: str, other: str, concurrency: int) -> list[float]:
+        """first / other tok/s, round by round over the measured rounds both ran. The two
+        servers of a round run back to back, so a pair shares the machine's phase; the
+        spread of these ratios shows how far a ratio of medians can be trusted."""
+        def by_round(target: str) -> dict[int, float]:
+            return {r.round: r.tok_s for r in self.throughput_rounds
+                    if r.target == target and r.concurrency == concurrency and not r.warmup}
+        a, b = by_round(first), by_round(other)
+        return [a[n] / b[n] for n in sorted(a) if n in b and b[n] > 0]
+
     def ttft_cell(self, target: str, concurrency: int) -> float | None:
         """Median first-token time over every stream of the measured rounds."""
         return method.median(
@@ -97,6 +107,8 @@ class Results:
             "settings": asdict(self.settings) | {"sampling": self.settings.sampling, "api_key": None},
             "targets": [asdict(t) for t in self.targets],
             "throughput_tok_s": {n: {str(c): self.throughput_cell(n, c) for c in cs} for n in names},
+            "round_ratios": {f"{names[0]}/{n}": {str(c): self.round_ratios(names[0], n, c) for c in cs}
+                             for n in names[1:]},
             "ttft_s": {n: {str(c): self.ttft_cell(n, c) for c in cs} for n in names},
             "throughput_rounds": [asdict(r) for r in self.throughput_rounds],
             "ttft_rounds": [asdict(r) for r in self.ttft_rounds],
