@@ -93,3 +93,20 @@ def test_kv_cell_count_follows_the_slots_a_tick_touched(tick):
     assert cut.kv_used == 6 + len(PROMPTS[1])         # cut back to 5 cells, then one fed
     released = tick(TickPlan(release=[0, 1]))
     assert released.kv_used == 0
+
+
+def test_parked_kv_restores_into_another_slot_and_generation_continues(tick):
+    prompt = PROMPTS[0]
+    whole = generate(tick, [0], 16, rounds=16)[0]
+    first = tick(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(prompt), sample=True, max_new=8,
+                                          reset=True, sampling=GREEDY, ignore_eos=True)])).lanes[0].tokens
+    assert first == whole[:8]
+    parked = tick(TickPlan(park=[(0, "k")], release=[0]))
+    assert parked.parked["k"] > 0 and parked.parked_bytes == parked.parked["k"] and parked.kv_used == 0
+    resumed = tick(TickPlan(lanes=[LanePlan(slot=1, pos=len(prompt) + 7, feed=[first[-1]], sample=True,
+                                            max_new=8, reset=True, restore="k", sampling=GREEDY,
+                                            decode=True, ignore_eos=True)]))
+    assert not resumed.lanes[1].restore_failed
+    assert first + resumed.lanes[1].tokens == whole
+    assert resumed.parked_bytes == 0  # restored without keep: the host copy is gone
+    tick(TickPlan(release=[1]))

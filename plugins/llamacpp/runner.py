@@ -9,6 +9,7 @@ urgent newcomer ends the tick at the next step, and the prefill it did not reach
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import time
 
@@ -113,7 +114,7 @@ class TickRunner:
         size = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
         if size <= 0:
             return 0
-        buf = (ctypes.c_uint8 * size)()
+        buf = host_buffer(size)
         n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, slot)
         if n <= 0:
             return 0
@@ -125,13 +126,16 @@ class TickRunner:
         file is caught when it is restored: llama.cpp checks the state's layout then."""
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                size = os.fstat(f.fileno()).st_size
+                if size <= 0:
+                    return 0
+                buf = host_buffer(size)
+                if f.readinto(buf) != size:  # truncated while reading
+                    return 0
         except OSError:
             return 0
-        if not data:
-            return 0
-        self.parked[key] = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        return len(data)
+        self.parked[key] = buf
+        return size
 
     def save(self, key: str, path: str) -> int:
         """Write parked KV to a park artifact (whole or not at all); bytes written, 0 on failure."""
@@ -340,6 +344,22 @@ class TickRunner:
         if slot in self.greedy:
             return int(self.logits.row(self.ctx, index).argmax())
         return llama_cpp.llama_sampler_sample(chain, self.ctx, index)
+
+
+def host_buffer(size: int) -> ctypes.Array:
+    """Host memory for a parked sequence, from a fresh anonymous mapping (huge pages asked for).
+
+    A ctypes array zero-fills itself, touching every page before llama.cpp writes the state
+    into it: parking a 285-token SmolLM2 sequence (6.6 MB) took 18 ms that way against 6 ms
+    from a mapping, where the kernel's zeroed pages arrive as llama.cpp writes. The array keeps
+    the mapping alive; dropping the array unmaps it."""
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # no transparent huge pages here: 4 KiB pages it is
+            pass
+    return (ctypes.c_uint8 * size).from_buffer(region)
 
 
 # llama_get_logits_ith with the row's address as a plain int: llama-cpp-python's binding returns a
