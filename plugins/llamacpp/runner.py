@@ -9,6 +9,7 @@ urgent newcomer ends the tick at the next step, and the prefill it did not reach
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import time
@@ -77,8 +78,10 @@ class TickRunner:
         self.parked: dict[str, ctypes.Array] = {}  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.logits = LogitRows(self.n_vocab)
-        self.is_eog = _EogMemo(self.vocab)
-        self.used: dict[int, int] = {}  # slot -> cells it holds, re-read only for slots a tick touched
+        # asked for every sampled token; the answer per token never changes
+        self.is_eog = functools.cache(lambda token: bool(llama_cpp.llama_vocab_is_eog(self.vocab, token)))
+        # slot -> cells it holds (a new context holds none), re-read only for slots a tick touched
+        self.used: dict[int, int] = dict.fromkeys(range(n_seq), 0)
 
     def close(self) -> None:
         for chain in self.samplers.values():
@@ -98,11 +101,11 @@ class TickRunner:
         self.constrained.discard(slot)
         self.greedy.discard(slot)
 
-    def kv_used(self, touched=None) -> int:
+    def kv_used(self, touched) -> int:
         """Cells held, per sequence. In a shared pool a cell two sequences share counts twice (an
         upper bound: llama.cpp exposes no count of used cells). Only a sequence a tick fed, cut,
-        seeded or cleared can have changed, so only ``touched`` slots are asked again (all if None)."""
-        for seq in range(self.n_seq) if touched is None else touched:
+        seeded or cleared can have changed, so only the ``touched`` slots are asked again."""
+        for seq in touched:
             top = llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
             self.used[seq] = top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1 if top >= 0 else 0
         return sum(self.used.values())
@@ -249,7 +252,7 @@ class TickRunner:
         result.parked_bytes = sum(len(b) for b in self.parked.values())
         result.seconds = time.perf_counter() - t_start
         touched = {lp.slot for lp in plan.lanes}.union(plan.release)
-        result.kv_used = self.kv_used(touched if len(self.used) == self.n_seq else None)
+        result.kv_used = self.kv_used(touched)
         result.kv_capacity = self.kv_capacity
         return result
 
@@ -389,17 +392,3 @@ class LogitRows:
             view = self.views[address] = np.frombuffer(
                 (ctypes.c_float * self.n_vocab).from_address(address), dtype=np.float32)
         return view
-
-
-class _EogMemo:
-    """``llama_vocab_is_eog`` remembered per token: a decode step asks it for every sampled token."""
-
-    def __init__(self, vocab):
-        self.vocab = vocab
-        self.known: dict[int, bool] = {}
-
-    def __call__(self, token: int) -> bool:
-        known = self.known.get(token)
-        if known is None:
-            known = self.known[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
-        return known
