@@ -103,3 +103,13 @@ def test_models_health_slots_metrics(server, client):
     assert any(k.startswith("superfluid_ttft_seconds_count") and v > 0 for k, v in m.items())
     assert 'superfluid_lanes_busy{model="smollm2"}' in m
     assert 'superfluid_queue_depth{model="smollm2",qos="agent"}' in m
+
+
+def test_penalties_reach_llamacpps_sampler(client):
+    prompt = CHATML.format(q="Count from one to twenty in words.")
+    plain = client.completions.create(model="smollm2", prompt=prompt, max_tokens=40, temperature=0)
+    penalized = client.completions.create(model="smollm2", prompt=prompt, max_tokens=40, temperature=0,
+                                          frequency_penalty=1.5, presence_penalty=1.0,
+                                          extra_body={"repeat_penalty": 1.3})
+    assert penalized.choices[0].text and penalized.choices[0].text != plain.choices[0].text
+

@@ -19,22 +19,24 @@ def grammar_sampler(vocab, grammar: str):
     return smpl or None
 
 
-def build_sampler(params: SamplingParams, vocab=None):
+def build_sampler(params: SamplingParams, vocab):
     """A sampler chain in llama.cpp's usual order: grammar, penalties, top-k, top-p, min-p,
     temperature, dist. The grammar, if any, is the chain's first sampler (index 0), so a caller can
     feed prompt tokens to the others only (see :func:`accept_prompt`). A grammar llama.cpp rejects
     is left out with a warning rather than failing the tick."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
-    if params.grammar and vocab is not None:
+    if params.grammar:
         smpl = grammar_sampler(vocab, params.grammar)
         if smpl is None:
             log.warning("llama.cpp rejected a request's grammar; sampling it unconstrained")
         else:
             add(smpl)
     if params.uses_penalties:
-        add(llama_cpp.llama_sampler_init_penalties(params.penalty_last_n, params.repeat_penalty,
-                                                   params.frequency_penalty, params.presence_penalty))
+        # the vendored llama.cpp still takes the vocabulary's size first
+        add(llama_cpp.llama_sampler_init_penalties(llama_cpp.llama_vocab_n_tokens(vocab), params.penalty_last_n,
+                                                   params.repeat_penalty, params.frequency_penalty,
+                                                   params.presence_penalty))
     if params.greedy:
         add(llama_cpp.llama_sampler_init_greedy())
         return chain
