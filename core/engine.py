@@ -81,9 +81,15 @@ class Engine(abc.ABC):
     def request_stop(self) -> None:
         """Ask the tick in flight to end at the engine's next step. Safe from any thread."""
 
+    def request_yield(self) -> None:
+        """Ask the tick in flight to end once its engine step in flight is done (so nothing
+        computed is thrown away). Safe from any thread. Engines that cannot tell the two apart
+        stop as :meth:`request_stop` does."""
+        self.request_stop()
+
     @abc.abstractmethod
     def clear_stop(self) -> None:
-        """Reset the stop request before the next tick."""
+        """Reset the stop and yield requests before the next tick."""
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -71,6 +71,7 @@ class Request:
     media: bool = False  # bound media (images, audio): never preempted
     start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
     reuse_prefix: bool = True  # may be seeded from the prefix cache (llama.cpp's cache_prompt)
+    streamed: bool = False  # the client reads the text as it is committed (not only the whole reply)
     id: str = attrs.field(factory=new_request_id)
     arrived: float = attrs.field(factory=time.monotonic)
     meta: dict = attrs.field(factory=dict)

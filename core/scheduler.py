@@ -68,6 +68,7 @@ class TickStats:
     preempted: int = 0     # lanes preempted while planning this tick
     promoted: int = 0      # lanes admitted after waiting the starvation bound
     parked_bytes: int = 0  # KV bytes the engine holds parked in host memory
+    quiet: bool = False    # the tick was a quiet one (TickPlan.quiet)
     cache_hits: int = 0         # lanes seeded from the prefix cache (or a running lane) while planning
     cache_hit_tokens: int = 0   # prompt tokens those lanes did not have to prefill
     cached_tokens: int = 0      # tokens held as cached prefixes in free slots
@@ -122,6 +123,7 @@ class Scheduler:
         self._closed = False
         self._aborted = False
         self.ticks = 0
+        self._quiet_tick = False  # the tick in flight is a quiet one (TickPlan.quiet)
         self.kv = (0, 0)
         self.parked_bytes = 0
 
@@ -147,6 +149,8 @@ class Scheduler:
             if self.lanes and self.hook.superfluid_should_stop_tick(lane=lane, lanes=list(self.lanes),
                                                                     settings=self.settings):
                 self.engine.request_stop()
+            elif self._quiet_tick:  # it promised to yield to a newcomer
+                self.engine.request_yield()
         return lane
 
     def cancel(self, request_id: str) -> None:
@@ -272,6 +276,7 @@ class Scheduler:
                 if not self.lanes:
                     self._gather_arrivals()
                 self.engine.clear_stop()
+                self._quiet_tick = False
                 try:
                     plan = self._plan()
                 except Exception as exc:  # a policy hook failed: fail what it touched, keep the thread
@@ -281,6 +286,7 @@ class Scheduler:
                 if plan.empty():  # nothing runnable now (e.g. every queued class at its cap)
                     self._cv.wait(0.05)
                     continue
+                self._quiet_tick = plan.quiet
             try:
                 result = self.engine.run_tick(plan)
             except EngineCrashed as exc:  # the worker died: restart it, lanes resume from their tokens
@@ -293,6 +299,7 @@ class Scheduler:
                     self._engine_failed(exc)
                 continue
             with self._cv:
+                self._quiet_tick = False
                 stats = self._commit(plan, result)
             self.hook.superfluid_tick_done(model=self.name, stats=stats)
         log.info("model %s: scheduler stopped", self.name)
@@ -736,7 +743,7 @@ class Scheduler:
             decode_tokens=decode_tokens, prefill_budget=plan.prefill_budget,
             decode_grant=plan.decode_grant, lanes_busy=len(self.lanes),
             max_lanes=self.settings.max_batch, queue_depth=len(self.queue),
-            stopped_early=result.stopped_early, kv_used=result.kv_used,
+            stopped_early=result.stopped_early, quiet=plan.quiet, kv_used=result.kv_used,
             kv_capacity=result.kv_capacity, first_tokens=first_tokens, finished=finished,
             queue_by_class=_count_by_class(self.queue), lanes_by_class=_count_by_class(self.lanes),
             preempted=preempted, promoted=promoted, parked_bytes=result.parked_bytes,

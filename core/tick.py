@@ -56,6 +56,11 @@ class TickPlan:
     target_s: float = 0.0     # the duration the planner sized this tick toward
     end_after_first_token: bool = False  # end the tick at the step that samples a lane's first token
     step_tokens: int = 0      # most tokens per engine step (0: the engine's own); bounds how late a stop lands
+    # No one waits on this tick's tokens before it ends (no queue, no prefill, no streamed reply, no
+    # stop strings), so it may run past the free-lane target. It yields instead: a request queued
+    # meanwhile ends it after the engine's step in flight, and so does a lane that stops (its
+    # generation ended, or its grant, which in a quiet tick is short only for a finishing lane).
+    quiet: bool = False
 
     @property
     def prefill_tokens(self) -> int:

@@ -19,6 +19,14 @@ from .engine import Engine
 from .errors import ConfigError, EngineCrashed, EngineFailure
 
 
+STOP, YIELD = 0, 2  # the stop flag's bytes: stop now (even mid-step), end after the step in flight
+
+
+def stop_requested(stop_flag) -> bool:
+    """Whether the tick should end before its next step (a runner asks between steps)."""
+    return bool(stop_flag[STOP] or stop_flag[YIELD])
+
+
 class WorkerDied(EngineCrashed):
     """The worker process exited while a tick was in flight."""
 
@@ -32,7 +40,8 @@ class WorkerProcess:
         self._mp = mp.get_context("spawn")  # no fork: the daemon's threads and runtimes stay out
         # The stop flag: byte 0 is the flag, byte 1 stays 0, so a worker may hand it to C code
         # that reads it as a string (llama.cpp's abort callback, see llamacpp.worker.abort_on_flag).
-        self.stop_flag = self._mp.RawArray("b", 2)
+        # Byte 2 is the yield flag, which only the step loop reads (see ``stop_requested``).
+        self.stop_flag = self._mp.RawArray("b", 3)
         self._proc = None
         self._conn = None
         self.info: dict = {}
@@ -110,10 +119,14 @@ class WorkerProcess:
     # ---- ticks ----------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        self.stop_flag[0] = 1
+        self.stop_flag[STOP] = 1
+
+    def request_yield(self) -> None:
+        self.stop_flag[YIELD] = 1
 
     def clear_stop(self) -> None:
-        self.stop_flag[0] = 0
+        self.stop_flag[STOP] = 0
+        self.stop_flag[YIELD] = 0
 
     def call(self, msg: tuple) -> Any:
         """Send ``msg`` and return the worker's ``("ok", result)`` result. A worker error is an
@@ -200,6 +213,9 @@ class WorkerEngine(Engine):
 
     def request_stop(self) -> None:
         self.worker.request_stop()
+
+    def request_yield(self) -> None:
+        self.worker.request_yield()
 
     def clear_stop(self) -> None:
         self.worker.clear_stop()

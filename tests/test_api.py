@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 CHATML = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -113,3 +114,29 @@ def test_penalties_reach_llamacpps_sampler(client):
                                           extra_body={"repeat_penalty": 1.3})
     assert penalized.choices[0].text and penalized.choices[0].text != plain.choices[0].text
 
+
+def _counter(server, name: str) -> float:
+    return server.metrics().get(f'{name}{{model="smollm2"}}', 0.0)
+
+
+def test_a_reply_sent_whole_runs_in_quiet_ticks_that_yield_to_a_newcomer(server, client):
+    """A lone non-streamed lane decodes in quiet ticks (250 ms with lanes free); a streamed
+    newcomer ends the quiet tick in flight instead of waiting for it."""
+    quiet0 = _counter(server, "superfluid_quiet_ticks_total")
+    early0 = _counter(server, "superfluid_ticks_ended_early_total")
+    with cf.ThreadPoolExecutor(1) as pool:
+        whole = pool.submit(client.completions.create, model="smollm2", prompt=CHATML.format(q="Tell a story."),
+                            max_tokens=600, temperature=0, extra_body={"ignore_eos": True})
+        deadline = time.monotonic() + 30
+        while _counter(server, "superfluid_quiet_ticks_total") == quiet0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _counter(server, "superfluid_quiet_ticks_total") > quiet0
+        for _ in range(3):  # one newcomer may land between two ticks, where it has nothing to end
+            parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="smollm2", temperature=0, max_tokens=2, stream=True,
+                messages=[{"role": "user", "content": "Hi"}]) if c.choices]
+            assert "".join(parts)
+            if _counter(server, "superfluid_ticks_ended_early_total") > early0 or whole.done():
+                break
+        assert _counter(server, "superfluid_ticks_ended_early_total") > early0
+        assert whole.result().usage.completion_tokens == 600

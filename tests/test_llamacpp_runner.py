@@ -23,7 +23,7 @@ PROMPTS = ([1, 9690, 198, 4093, 314, 253, 1789, 30], [1, 4093, 28, 1350, 346, 17
 def tick(model_path):
     """Run ticks on a real worker (its ``main`` on a thread of this process, over a pipe)."""
     ours, theirs = mp.Pipe()
-    thread = threading.Thread(target=main, args=(theirs, mp.RawArray("b", 2),
+    thread = threading.Thread(target=main, args=(theirs, mp.RawArray("b", 3),
                               WorkerSpec(path=model_path, max_lanes=2, max_context=512, threads=2)), daemon=True)
     thread.start()
     while True:

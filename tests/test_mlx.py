@@ -110,9 +110,9 @@ def test_batched_decode_equals_each_lane_alone(tiny):
                2: _prompt(vocab, "def print(self): return None and some more words")}
     alone = {}
     for slot, toks in prompts.items():
-        runner = TickRunner(model, vocab.eog, [0], 4096)
+        runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
         alone[slot] = _generate(runner, {slot: toks}, 24)[0][slot]
-    runner = TickRunner(model, vocab.eog, [0], 4096)
+    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
     together, res = _generate(runner, prompts, 24)
     assert together == alone
     assert res.kv_used == sum(len(t) + 23 for t in prompts.values())
@@ -122,11 +122,11 @@ def test_batched_decode_equals_each_lane_alone(tiny):
 def test_park_restore_copy_and_files(tiny, tmp_path):
     model, vocab = tiny
     toks = _prompt(vocab, "the people of the water could find a long way")
-    runner = TickRunner(model, vocab.eog, [0], 4096)
+    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
     reference = _generate(runner, {0: toks}, 16)[0][0]
 
     # Park after 6 tokens, release the slot, restore it into another slot and go on.
-    runner = TickRunner(model, vocab.eog, [0], 4096)
+    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
     first = _generate(runner, {0: toks}, 6)[0][0]
     res = runner.run(TickPlan(park=[(0, "k")], release=[0]))
     assert res.parked["k"] > 0 and res.parked_bytes == res.parked["k"] and runner.length(0) == 0
@@ -146,9 +146,9 @@ def test_park_restore_copy_and_files(tiny, tmp_path):
     assert missing.lanes[7].restore_failed
 
 
-def test_stop_flag_ends_tick_between_steps(tiny):
+@pytest.mark.parametrize("flag", [[1, 0, 0], [0, 0, 1]], ids=["stop", "yield"])
+def test_stop_flag_ends_tick_between_steps(tiny, flag):
     model, vocab = tiny
-    flag = [1]
     runner = TickRunner(model, vocab.eog, flag, 4096)
     res = runner.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=_prompt(vocab, "the"), sample=True, max_new=5,
                                               reset=True, sampling=GREEDY)]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import attrs
 import pytest
 
 from superfluid.core import qos
@@ -830,3 +831,39 @@ def test_streaming_lanes_keep_uniform_engine_ticks_near_the_target():
     # without decoding lanes nothing streams: the 8 s cap applies
     p = plan([prefilling("agent", prompt=3000) for _ in range(8)], measured(prefill=rate), prefill_budget=4096)
     assert p.prefill_budget == 4096
+
+
+# ---- quiet ticks ------------------------------------------------------------------------------------
+
+def _watched(lane: Lane, **changes) -> Lane:
+    lane.request = attrs.evolve(lane.request, **changes)
+    return lane
+
+
+def test_a_quiet_tick_runs_to_the_busy_target_with_lanes_free():
+    decode = {2: 0.01}
+    lanes = [decoding("agent"), decoding("background")]           # 6 of 8 lanes free
+    p = plan(lanes, measured(decode=decode))
+    assert p.quiet
+    assert p.target_s == pytest.approx(BUSY_TARGET_S)
+    assert p.decode_grant == 25                                   # 0.25 s of 10 ms rounds, not 5
+
+
+@pytest.mark.parametrize("why", ["queued", "prefilling", "streamed", "stop strings", "no mid-tick stop"])
+def test_a_tick_someone_waits_on_is_not_quiet(why):
+    decode = {2: 0.01}
+    lanes = [decoding("agent"), decoding("agent")]
+    queue, caps = [], CAPS
+    if why == "queued":
+        queue = [queued("background")]
+    elif why == "prefilling":
+        lanes[1] = prefilling("agent", prompt=100)
+    elif why == "streamed":
+        _watched(lanes[1], streamed=True)
+    elif why == "stop strings":
+        _watched(lanes[1], stop=("\n\n",))
+    else:
+        caps = attrs.evolve(CAPS, stops_mid_tick=False)
+    p = plan(lanes, measured(prefill=0.001, decode=decode), queue=queue, caps=caps)
+    assert not p.quiet
+    assert p.target_s == pytest.approx(CAPS.tick_target_free_ms / 1000.0)

@@ -5,7 +5,8 @@ FakeEngine: token ``i`` renders as ``f"<{i}>"``; every sampled token is ``(last 
 1000``; an optional end-of-generation token ends a lane. It checks the plan contract (positions
 contiguous per slot, resets, releases), records every plan, and reports small fake timings so the
 cost model sees a chosen prefill rate. It can be held mid-tick (``engine.block()``) so a test can
-act while a tick is in flight; ``request_stop`` ends a held tick, as a real engine's next step would.
+act while a tick is in flight; ``request_stop`` and ``request_yield`` end a held tick, as a real
+engine's next step would.
 """
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ class FakeEngine(Engine):
         self.kv: dict[int, list[int]] = {}   # slot -> tokens in its KV
         self.hold = threading.Event()        # cleared: ticks with lanes wait (see block())
         self.hold.set()
+        self.hold_from = 0                   # the first tick a block() holds
         self.holding = threading.Event()     # set while a tick is held
         self.stop_requests = 0
+        self.yield_requests = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.started = False
         self.closed = False
 
     # -- test controls --
-    def block(self) -> None:
+    def block(self, after: int = 0) -> None:
+        """Hold ticks with lanes, from the one ``after`` ticks from now on."""
+        self.hold_from = len(self.plans) + after
         self.holding.clear()
         self.hold.clear()
 
@@ -74,6 +79,10 @@ class FakeEngine(Engine):
 
     def request_stop(self) -> None:
         self.stop_requests += 1
+        self._stop.set()
+
+    def request_yield(self) -> None:
+        self.yield_requests += 1
         self._stop.set()
 
     def clear_stop(self) -> None:
@@ -111,7 +120,7 @@ class FakeEngine(Engine):
                 self.errors.append(f"slot {lp.slot}: sample with max_new {lp.max_new}")
 
         result = TickResult()
-        if plan.lanes and not self.hold.is_set():
+        if plan.lanes and not self.hold.is_set() and len(self.plans) > self.hold_from:
             self.holding.set()
             deadline = time.monotonic() + WAIT
             while not self.hold.is_set() and not self._stop.is_set():
@@ -541,6 +550,26 @@ def test_urgent_arrival_asks_the_running_tick_to_stop(make):
 
 
 # ---- cancel --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_quiet_tick_yields_to_any_newcomer(make, watched):
+    """A reply sent whole with no stop strings runs in quiet ticks (longer than the free-lane
+    target); a newcomer of any class ends one after the step in flight instead of waiting for it.
+    A streamed reply keeps short ticks, and an agent arriving waits for the tick in flight."""
+    sched, engine = make()
+    engine.block(after=1)                              # the prefill tick runs, the next is held
+    _, first = submit(sched, [1, 2], 500, streamed=watched)
+    assert engine.holding.wait(WAIT)
+    held = engine.plans_snapshot()[-1]
+    assert held.quiet is not watched
+    _, second = submit(sched, [3, 4], 3, qos="agent")
+    assert engine.yield_requests == (0 if watched else 1)
+    assert engine.stop_requests == 0                  # a yield lets the step in flight finish
+    engine.unblock()
+    assert second.wait().finish_reason == "length"
+    assert first.wait().finish_reason == "length"
+    assert not engine.errors
+
 
 def test_cancel_queued_request(make):
     sched, engine = make(FakeEngine(max_lanes=1), max_batch=1)

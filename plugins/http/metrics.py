@@ -33,6 +33,11 @@ class Metrics:
         self.requests = Counter("superfluid_requests", "Finished generations by finish reason",
                                 ["model", "finish_reason"], registry=r)
         self.ticks = Counter("superfluid_ticks", "Engine ticks run", ["model"], registry=r)
+        self.quiet_ticks = Counter("superfluid_quiet_ticks", "Ticks run past the free-lane target because "
+                                   "no client reads their tokens before they end", ["model"], registry=r)
+        self.ticks_ended_early = Counter("superfluid_ticks_ended_early", "Ticks ended before their plan was "
+                                         "done (a stop or yield request, a full KV pool, a quiet tick's "
+                                         "finished lane)", ["model"], registry=r)
         self.tick_seconds = Histogram("superfluid_tick_seconds", "Engine tick duration", ["model"],
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8), registry=r)
         self.preemptions = Counter("superfluid_preemptions", "Lanes preempted for a more urgent class",
@@ -84,6 +89,10 @@ class Metrics:
     def tick_done(self, model: str, stats) -> None:
         self._child(self.ticks, model).inc()
         self._child(self.tick_seconds, model).observe(stats.seconds)
+        if stats.quiet:
+            self._child(self.quiet_ticks, model).inc()
+        if stats.stopped_early:
+            self._child(self.ticks_ended_early, model).inc()
         if stats.prefill_budget:
             self._set(self.prefill_budget, (model,), stats.prefill_budget)
         if stats.decode_grant:

@@ -187,7 +187,7 @@ class OpenAIRoutes:
             prompt_tokens=tokens, max_tokens=_max_tokens(body, kind != "completion", len(tokens), ctx),
             sampling=_sampling(body, _tools(request)), stop=params.stop_strings(body) + _tools(request).stop,
             ignore_eos=params.boolean(body, "ignore_eos"), batch_invariant=invariant,
-            reuse_prefix=params.boolean(body, "cache_prompt", True),
+            reuse_prefix=params.boolean(body, "cache_prompt", True), streamed=stream,
             qos=FIM_CLASS if fim else request_class(request, self.config),
             start_deadline=self.fim.deadline(arrived) if fim else None,
             meta={"chat": kind == "chat", "fim": fim})

@@ -18,6 +18,7 @@ import llama_cpp
 import numpy as np
 
 from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
+from superfluid.core.worker_process import stop_requested
 
 from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
 
@@ -49,6 +50,10 @@ class _PoolFull(Exception):
     def __init__(self, n_tokens: int):
         super().__init__(n_tokens)
         self.n_tokens = n_tokens
+
+
+def _slot(w: _Work) -> int:
+    return w.slot
 
 
 def _takes_one(w: _Work) -> bool:
@@ -230,23 +235,29 @@ class TickRunner:
 
         active = [w for w in work if w.feed]
         while active:
-            if self.stop_flag[0]:
+            if stop_requested(self.stop_flag):
                 result.stopped_early = True
                 break
             try:
                 step = self._step(active, plan.step_tokens)
+                went_on = step is not None
+                if went_on:
+                    result.steps.append(step)
             except _PoolFull as full:  # the scheduler frees room and plans the rest again
                 result.rejected_tokens = full.n_tokens
                 result.stopped_early = True
                 break
-            if step is None:  # aborted mid-step by the stop flag: nothing of it was kept
+            if not went_on:  # aborted mid-step by the stop flag: nothing of that step was kept
                 result.stopped_early = True
                 break
-            result.steps.append(step)
             if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
                 result.stopped_early = any(w.feed for w in active)
                 break
-            active = [w for w in active if w.feed]
+            still = [w for w in active if w.feed]
+            if plan.quiet and len(still) < len(active):  # a reply is complete: its client is waiting
+                result.stopped_early = bool(still)
+                break
+            active = still
         for w in work:
             result.lanes[w.slot] = w.result
         result.parked_bytes = sum(len(b) for b in self.parked.values())
@@ -258,6 +269,8 @@ class TickRunner:
 
     def _step(self, active: list[_Work], limit: int) -> StepTiming | None:
         """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
+        if all(w.decoding and len(w.feed) == 1 for w in active):
+            return self._decode_step(active)
         batch = self.batch
         singles = sum(_takes_one(w) for w in active)
         room = max(self.n_ubatch - singles, 0)
@@ -296,13 +309,8 @@ class TickRunner:
             n += count
         batch.n_tokens = n
         t0 = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.ctx, batch)
-        if rc == 2 and self.stop_flag[0]:
+        if not self._decode(n):
             return None
-        if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
-            raise _PoolFull(n)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
         for w, first, count in taken:
             fed = w.feed[:count]
             del w.feed[:count]
@@ -327,6 +335,53 @@ class TickRunner:
                 w.feed = [token]
         seconds = time.perf_counter() - t0
         return StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds)
+
+    def _decode_step(self, active: list[_Work]) -> StepTiming | None:
+        """The steady state's step: every lane feeds back the one token it sampled last. The batch
+        and the tokens are what :meth:`_step` makes of it, with a third of the Python around the
+        forward pass (which at one SmolLM2 lane is 1 % of the step)."""
+        lanes = sorted(active, key=_slot) if len(active) > 1 else active  # sequence order, as in _step
+        batch = self.batch
+        token, pos, n_seq_id, seq_id, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        for i, w in enumerate(lanes):
+            token[i] = w.feed[0]
+            pos[i] = w.pos
+            n_seq_id[i] = 1
+            seq_id[i][0] = w.slot
+            logits[i] = True
+        n = batch.n_tokens = len(lanes)
+        t0 = time.perf_counter()
+        if not self._decode(n):
+            return None
+        for i, w in enumerate(lanes):
+            w.pos += 1
+            w.result.n_fed += 1
+            sampled = self._sample(w.slot, self.samplers.get(w.slot), i)
+            tokens = w.result.tokens
+            tokens.append(sampled)
+            if self.is_eog(sampled) and not w.ignore_eos:
+                w.result.eog = True
+                w.feed = []
+            elif len(tokens) < w.max_new:
+                w.feed[0] = sampled
+            else:
+                w.feed = []
+        return StepTiming(prefill_tokens=0, decode_tokens=n, seconds=time.perf_counter() - t0)
+
+    def _decode(self, n: int) -> bool:
+        """``llama_decode`` the batch's ``n`` tokens; False if the stop flag aborted it (llama.cpp
+        kept nothing of it)."""
+        rc = llama_cpp.llama_decode(self.ctx, self.batch)
+        return rc == 0 or self._decode_failed(rc, n)
+
+    def _decode_failed(self, rc: int, n: int) -> bool:
+        """A non-zero ``llama_decode`` code for a batch of ``n`` tokens: False if the stop flag
+        aborted it, else the error (no KV room for it: _PoolFull)."""
+        if rc == 2 and self.stop_flag[0]:
+            return False
+        if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
+            raise _PoolFull(n)
+        raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
 
     def _accept(self, slot: int, chain, token: int, pos: int, generated_from: int | None) -> None:
         """Feed a token already in the KV (at ``pos``) to a fresh sampler: to all of a plain chain

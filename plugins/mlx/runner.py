@@ -27,6 +27,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
+from superfluid.core.worker_process import stop_requested
 
 from .sampling import LaneSampler
 from .worker import PREFILL_STEP
@@ -270,14 +271,18 @@ class TickRunner:
 
         active = [w for w in work if w.feed]
         while active:
-            if self.stop_flag[0]:
+            if stop_requested(self.stop_flag):
                 result.stopped_early = True
                 break
             result.steps.append(self._step(active, plan.step_tokens))
             if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
                 result.stopped_early = any(w.feed for w in active)
                 break
-            active = [w for w in active if w.feed]
+            still = [w for w in active if w.feed]
+            if plan.quiet and len(still) < len(active):  # a reply is complete: its client is waiting
+                result.stopped_early = bool(still)
+                break
+            active = still
         for w in work:
             result.lanes[w.slot] = w.result
         result.parked_bytes = sum(self._parked_size(k) for k in self.parked)
