@@ -2,7 +2,8 @@
 
 The runner keeps a numpy view per logits row address and a per-slot count of KV cells between
 ticks; these tests check that what it reuses across steps and ticks gives the same answers as
-asking llama.cpp afresh."""
+asking llama.cpp afresh. Each runs twice: with the decode rounds in C (``_rounds.c``, built by
+the install) and in Python; both must give the same tokens."""
 
 from __future__ import annotations
 
@@ -19,28 +20,49 @@ GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ([1, 9690, 198, 4093, 314, 253, 1789, 30], [1, 4093, 28, 1350, 346, 1789, 30, 22])
 
 
-@pytest.fixture(scope="module")
-def tick(model_path):
-    """Run ticks on a real worker (its ``main`` on a thread of this process, over a pipe)."""
-    ours, theirs = mp.Pipe()
-    thread = threading.Thread(target=main, args=(theirs, mp.RawArray("b", 3),
-                              WorkerSpec(path=model_path, max_lanes=2, max_context=512, threads=2)), daemon=True)
-    thread.start()
-    while True:
-        kind, payload = ours.recv()
-        assert kind in ("progress", "ready"), payload
-        if kind == "ready":
-            break
+class Worker:
+    """A real worker (its ``main`` on a thread of this process, over a pipe); call it with a plan."""
 
-    def run(plan: TickPlan):
-        ours.send(("tick", plan))
-        kind, result = ours.recv()
+    def __init__(self, model_path: str, native_rounds: bool):
+        self.flag = mp.RawArray("b", 3)
+        self.conn, theirs = mp.Pipe()
+        spec = WorkerSpec(path=model_path, max_lanes=2, max_context=512, threads=2, native_rounds=native_rounds)
+        self.thread = threading.Thread(target=main, args=(theirs, self.flag, spec), daemon=True)
+        self.thread.start()
+        while True:
+            kind, payload = self.conn.recv()
+            assert kind in ("progress", "ready"), payload
+            if kind == "ready":
+                self.info = payload
+                break
+
+    def __call__(self, plan: TickPlan):
+        self.conn.send(("tick", plan))
+        kind, result = self.conn.recv()
         assert kind == "ok", result
         return result
 
-    yield run
-    ours.send(("close",))
-    thread.join(30)
+    def close(self) -> None:
+        self.conn.send(("close",))
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def workers(model_path):
+    made = {"native": Worker(model_path, True), "python": Worker(model_path, False)}
+    yield made
+    for worker in made.values():
+        worker.close()
+
+
+@pytest.fixture(params=["native", "python"])
+def tick(request, workers):
+    return workers[request.param]
+
+
+def test_the_install_built_the_c_decode_loop(workers):
+    assert workers["native"].info["native_rounds"] is True
+    assert workers["python"].info["native_rounds"] is False
 
 
 def generate(tick, slots: list[int], n: int, rounds: int, beside: bool = False) -> dict[int, list[int]]:
@@ -110,3 +132,63 @@ def test_parked_kv_restores_into_another_slot_and_generation_continues(tick):
     assert first + resumed.lanes[1].tokens == whole
     assert resumed.parked_bytes == 0  # restored without keep: the host copy is gone
     tick(TickPlan(release=[1]))
+
+
+SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234)
+PENALIZED = SamplingParams(temperature=0.0, repeat_penalty=1.3, presence_penalty=0.2)
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, PENALIZED], ids=["seeded", "penalties"])
+def test_c_and_python_decode_loops_sample_the_same_tokens(workers, sampling):
+    """Sampled through llama.cpp's chain (seeded, or greedy with penalties), in ticks of 5
+    rounds: the C loop and the Python loop feed the chain the same logits in the same order."""
+    runs = {}
+    for name, tick in workers.items():
+        plan = LanePlan(slot=0, pos=0, feed=list(PROMPTS[0]), sample=True, max_new=1, reset=True,
+                        sampling=sampling, ignore_eos=True)
+        out: list[int] = []
+        while len(out) < 30:
+            out += tick(TickPlan(lanes=[plan])).lanes[0].tokens
+            plan = LanePlan(slot=0, pos=len(PROMPTS[0]) + len(out) - 1, feed=[out[-1]], sample=True,
+                            max_new=min(5, 30 - len(out)), decode=True, ignore_eos=True)
+        tick(TickPlan(release=[0]))
+        runs[name] = out
+    assert len(runs["native"]) == 30
+    assert runs["native"] == runs["python"]
+    assert runs["native"] != generate(workers["native"], [0], 30, rounds=5)[0]  # the chain did sample
+
+
+def _two_lanes(first_grant: int, second_grant: int, quiet: bool) -> TickPlan:
+    return TickPlan(quiet=quiet, lanes=[
+        LanePlan(slot=slot, pos=len(PROMPTS[slot]) - 1, feed=[PROMPTS[slot][-1]], sample=True, max_new=grant,
+                 decode=True, ignore_eos=True)
+        for slot, grant in ((0, first_grant), (1, second_grant))])
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_quiet_tick_ends_when_a_lane_does(tick, quiet):
+    """In a quiet tick no client reads a lane's tokens before the tick ends, so the tick ends
+    with the first lane to finish; an ordinary tick runs the other lanes' grants out."""
+    for slot in (0, 1):  # each slot holds its prompt but the last token, fed by the plan
+        tick(TickPlan(lanes=[LanePlan(slot=slot, pos=0, feed=PROMPTS[slot][:-1], sample=False, reset=True,
+                                      sampling=GREEDY)]))
+    result = tick(_two_lanes(3, 12, quiet))
+    assert len(result.lanes[0].tokens) == 3
+    assert len(result.lanes[1].tokens) == (3 if quiet else 12)
+    assert result.stopped_early is quiet
+    assert [s.decode_tokens for s in result.steps] == [2, 2, 2] + ([] if quiet else [1] * 9)
+    tick(TickPlan(release=[0, 1]))
+
+
+def test_a_raised_yield_flag_ends_the_tick_before_its_next_step(tick):
+    tick(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=PROMPTS[0][:-1], sample=False, reset=True,
+                                  sampling=GREEDY)]))
+    tick.flag[2] = 1
+    try:
+        result = tick(TickPlan(lanes=_two_lanes(5, 5, False).lanes[:1]))
+    finally:
+        tick.flag[2] = 0
+    assert result.stopped_early and result.lanes[0].tokens == [] and result.steps == []
+    again = tick(TickPlan(lanes=_two_lanes(5, 5, False).lanes[:1]))  # nothing was fed: the same plan runs
+    assert len(again.lanes[0].tokens) == 5 and not again.stopped_early
+    tick(TickPlan(release=[0]))

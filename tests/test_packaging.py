@@ -20,6 +20,8 @@ def test_wheel_layout_and_entry_points(tmp_path):
     assert "superfluid/plugins/llamacpp/worker.py" in names
     assert "superfluid/plugins/http/openai_routes.py" in names
     assert not [n for n in names if n.startswith(("core/", "plugins/", "tests/", "tools/"))]
+    # the llama.cpp worker's decode loop in C (setup.py), compiled into the wheel
+    assert [n for n in names if n.startswith("superfluid/plugins/llamacpp/_rounds.") and n.endswith(".so")]
     meta = zipfile.ZipFile(wheel)
     eps = meta.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[superfluid]" in eps

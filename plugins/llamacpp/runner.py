@@ -20,6 +20,7 @@ import numpy as np
 from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
 from superfluid.core.worker_process import stop_requested
 
+from . import native
 from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
 
 
@@ -63,7 +64,7 @@ def _takes_one(w: _Work) -> bool:
 
 class TickRunner:
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int, *,
-                 unified: bool = False, n_swa: int = 0, recurrent: bool = False):
+                 unified: bool = False, n_swa: int = 0, recurrent: bool = False, native_rounds: bool = True):
         self.model = model
         self.ctx = ctx
         self.vocab = llama_cpp.llama_model_get_vocab(model)
@@ -87,6 +88,9 @@ class TickRunner:
         self.is_eog = functools.cache(lambda token: bool(llama_cpp.llama_vocab_is_eog(self.vocab, token)))
         # slot -> cells it holds (a new context holds none), re-read only for slots a tick touched
         self.used: dict[int, int] = dict.fromkeys(range(n_seq), 0)
+        # steps where every lane feeds back its last token run in C when the extension is built
+        lib = native.load() if native_rounds else None
+        self.rounds = native.DecodeRounds(lib, ctx, self.vocab, self.batch, self.n_vocab, stop_flag) if lib else None
 
     def close(self) -> None:
         for chain in self.samplers.values():
@@ -239,10 +243,13 @@ class TickRunner:
                 result.stopped_early = True
                 break
             try:
-                step = self._step(active, plan.step_tokens)
-                went_on = step is not None
-                if went_on:
-                    result.steps.append(step)
+                if self.rounds is not None and all(w.decoding and len(w.feed) == 1 for w in active):
+                    went_on = self._decode_rounds(active, plan.quiet, result.steps)
+                else:
+                    step = self._step(active, plan.step_tokens)
+                    went_on = step is not None
+                    if went_on:
+                        result.steps.append(step)
             except _PoolFull as full:  # the scheduler frees room and plans the rest again
                 result.rejected_tokens = full.n_tokens
                 result.stopped_early = True
@@ -367,6 +374,30 @@ class TickRunner:
             else:
                 w.feed = []
         return StepTiming(prefill_tokens=0, decode_tokens=n, seconds=time.perf_counter() - t0)
+
+    def _decode_rounds(self, active: list[_Work], quiet: bool, steps: list[StepTiming]) -> bool:
+        """As many :meth:`_decode_step` steps as the lanes' grants allow, in one call into C
+        (``_rounds.c``): until every lane has ended, the stop or yield flag is raised, or (in a
+        quiet tick) a lane ends. Appends a timing per step; False if the stop flag aborted one."""
+        lanes = sorted(active, key=_slot)
+        got = self.rounds.run(
+            [w.slot for w in lanes], [w.pos for w in lanes], [w.feed[0] for w in lanes],
+            [None if w.slot in self.greedy else self.samplers.get(w.slot) for w in lanes],
+            [w.max_new - len(w.result.tokens) for w in lanes], [w.ignore_eos for w in lanes], quiet)
+        for w, tokens, ended in zip(lanes, got.tokens, got.ended):
+            w.pos += len(tokens)
+            w.result.n_fed += len(tokens)
+            w.result.tokens.extend(tokens)
+            if ended:
+                w.result.eog = ended == 1
+                w.feed = []
+            elif tokens:
+                w.feed = [tokens[-1]]
+        steps.extend(StepTiming(prefill_tokens=0, decode_tokens=n, seconds=s)
+                     for n, s in zip(got.round_lanes, got.round_seconds))
+        if got.rc:
+            return self._decode_failed(got.rc, sum(1 for w in lanes if w.feed))
+        return True
 
     def _decode(self, n: int) -> bool:
         """``llama_decode`` the batch's ``n`` tokens; False if the stop flag aborted it (llama.cpp

@@ -26,6 +26,7 @@ class WorkerSpec:
     kv_unified: bool = False  # one shared pool whatever the model (--kv-unified)
     pool_cells: int = 0       # the shared pool's size (--kv-pool-cells; 0: lanes × context, capped)
     flash_attn: int = -1      # llama_flash_attn_type: -1 auto, 0 off, 1 on (--flash-attn)
+    native_rounds: bool = True  # decode rounds in C where the extension is built (False: Python)
 
 
 def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
@@ -119,10 +120,10 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
     runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag, n_ctx_real, unified=unified,
-                        n_swa=n_swa, recurrent=recurrent)
+                        n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
-                         "bytes_per_cell": bytes_per_cell}))
+                         "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None}))
     try:
         serve_ticks(conn, runner)
     finally:

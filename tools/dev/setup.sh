@@ -2,7 +2,7 @@
 # Creates .venv (Python 3.11+) and installs superfluid with its test extras, once.
 # llama-cpp-python compiles llama.cpp from source on first install (about 10 minutes on
 # 2 cores); pip caches the built wheel, so later installs take seconds. Re-running is
-# cheap: nothing is reinstalled unless pyproject.toml changed.
+# cheap: nothing is reinstalled unless pyproject.toml, setup.py or the C decode loop changed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY="${PYTHON:-}"
@@ -16,7 +16,7 @@ fi
 [[ -n "$PY" ]] || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 stamp=.venv/.superfluid-installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py plugins/llamacpp/_rounds.c | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 'import superfluid.core, llama_cpp' 2>/dev/null; then
     echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes)" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
