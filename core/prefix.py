@@ -10,6 +10,9 @@ from __future__ import annotations
 import time
 
 MIN_REUSE = 16  # shorter shared prefixes are not worth a copy
+# A cache whose head is at least this share of a new prompt is cut and kept in place for it rather
+# than left for an empty slot (llama-server's --slot-prompt-similarity default, 0.1)
+SIMILAR_HEAD = 0.1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -75,19 +78,23 @@ class SlotCache:
     def best_slot(self, prompt: list[int], free_slots: list[int],
                   busy: list[int] | None = None) -> tuple[int, int]:
         """(slot, reusable tokens): the free slot sharing the longest prefix with ``prompt``; with
-        none worth reusing, an empty slot or else the first cache in eviction order. Given the
-        ``busy`` slots (an engine whose steps cost more the wider the range of slots they touch),
-        the slot that keeps that range narrowest comes first."""
+        none worth a copy (``MIN_REUSE``), the unpinned cache with the longest head shared with the
+        prompt if that head is at least ``SIMILAR_HEAD`` of it (cutting it in place is free, and
+        short prompts such as raw ChatML share a tenth or more), else an empty slot, else the first
+        cache in eviction order. Given the ``busy`` slots (an engine whose steps cost more the wider
+        the range of slots they touch), the slot that keeps that range narrowest comes first."""
         best, best_n = None, 0
         limit = len(prompt) - 1  # at least one token is fed, so there are logits to sample
+        heads = {}
         for slot in free_slots:
-            n = min(common_prefix(self._tokens.get(slot, []), prompt), limit)
+            n = heads[slot] = min(common_prefix(self._tokens.get(slot, []), prompt), limit)
             if n > best_n:
                 best, best_n = slot, n
         if best is not None and best_n >= MIN_REUSE:
             return best, best_n
-        return min(free_slots, key=lambda s: (span(busy, s), s in self._tokens, self.pinned(s),
-                                              self._used.get(s, 0.0), -s)), 0
+        similar = {s: n for s, n in heads.items() if n and n >= SIMILAR_HEAD * len(prompt)}
+        return min(free_slots, key=lambda s: (span(busy, s), self.pinned(s), -similar.get(s, 0),
+                                              s in self._tokens, self._used.get(s, 0.0), -s)), 0
 
 
 def span(busy: list[int] | None, slot: int) -> int:

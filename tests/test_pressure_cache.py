@@ -657,12 +657,28 @@ def test_best_slot_longest_prefix_wins(prefix_clock):
 
 def test_best_slot_minimum_reuse(prefix_clock):
     cache = SlotCache()
-    p = prompt(100, 60)
+    p = prompt(100, 200)
     cache.store(0, p[:MIN_REUSE - 1] + [999])
     slot, reuse = cache.best_slot(p, [0, 1, 2])
-    assert reuse == 0 and slot in (1, 2)                 # not worth it: an empty slot instead
+    assert reuse == 0 and slot in (1, 2)                 # 15 of 200: an empty slot instead
     cache.store(1, p[:MIN_REUSE])
     assert cache.best_slot(p, [0, 1, 2]) == (1, MIN_REUSE)
+
+
+def test_best_slot_keeps_a_similar_head_in_place(prefix_clock):
+    """Below MIN_REUSE nothing is copied, but a cache whose head is a tenth of the prompt or more
+    (llama-server's slot similarity) is taken over an empty slot: the scheduler cuts it after
+    the head, for free. A pinned cache is never taken for its head."""
+    cache = SlotCache()
+    p = prompt(100, 40)
+    cache.store(0, p[:3] + [999] * 20)                   # 3 of 40: under a tenth
+    cache.store(1, p[:7] + [999] * 20)                   # 7 of 40
+    cache.store(2, p[:5] + [999] * 20)
+    assert cache.best_slot(p, [0, 1, 2, 3]) == (1, 0)
+    assert cache.best_slot(p, [0, 3]) == (3, 0)           # a head too short: the empty slot
+    cache.pin(p[:7] + [999] * 20)
+    assert cache.best_slot(p, [1, 2, 3])[0] == 2
+    assert cache.best_slot(p, [1, 2, 3], busy=[6])[0] == 3  # the narrowest span still comes first
 
 
 def test_best_slot_leaves_a_token_to_feed(prefix_clock):
@@ -672,7 +688,7 @@ def test_best_slot_leaves_a_token_to_feed(prefix_clock):
     assert cache.best_slot(p, [0, 1]) == (0, 39)
     assert cache.best_slot(p[:25], [0, 1]) == (0, 24)   # a prompt shorter than the cache
     short = p[:MIN_REUSE]                                # all MIN_REUSE tokens cached, one must be fed
-    assert cache.best_slot(short, [0, 1]) == (1, 0)
+    assert cache.best_slot(short, [0, 1]) == (0, 0)     # 15 reusable: no copy, the head kept in place
     assert cache.best_slot(p[:MIN_REUSE + 1], [0, 1]) == (0, MIN_REUSE)
     assert cache.best_slot(p[:1], [0]) == (0, 0)
 
@@ -830,13 +846,17 @@ def test_next_turn_is_seeded_with_the_whole_cached_conversation(make):
     assert engine.errors == []
 
 
-def test_short_prompts_are_not_seeded(make, observer):
+def test_a_short_prompt_sent_again_keeps_its_head_in_place(make, observer):
+    """Too short to be worth a copy (MIN_REUSE), but most of the prompt: the lane takes that
+    slot over the empty one and keeps the cached tokens in place; no copy, no restore."""
     sched, engine = make(max_batch=2)
     p = prompt(100, MIN_REUSE)          # every reusable token count is below MIN_REUSE
-    run_threaded(sched, engine, p, 2)
+    _, first = run_threaded(sched, engine, p, 2)
     _, lp = run_threaded(sched, engine, p, 2)
-    assert lp.pos == 0 and lp.feed == p
-    assert sum(s.cache_hits for s in observer.of(sched.name)) == 0
+    assert lp.slot == first.slot and lp.reset
+    assert lp.pos == MIN_REUSE - 1 and lp.feed == p[-1:]
+    assert lp.copy_from is None and lp.restore is None
+    assert sum(s.cache_hits for s in observer.of(sched.name)) == 1
 
 
 def test_a_short_head_is_kept_in_place_when_the_slot_cache_is_overwritten(make, observer):
