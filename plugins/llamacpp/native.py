@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from typing import NamedTuple
 
 import llama_cpp
 import numpy as np
@@ -17,19 +18,16 @@ log = logging.getLogger("superfluid.llamacpp")
 BATCH_LAYOUT = ["n_tokens", "token", "embd", "pos", "n_seq_id", "seq_id", "logits"]
 
 
-class RoundsOutcome:
+class RoundsOutcome(NamedTuple):
     """What one call did: per lane the tokens it sampled and whether it ended (1 end of
     generation, 2 room used up); per round the lanes in it and its seconds; ``rc``, the non-zero
     code of a llama_decode that ended the call (that round is not counted)."""
 
-    __slots__ = ("tokens", "ended", "round_lanes", "round_seconds", "rc")
-
-    def __init__(self, tokens, ended, round_lanes, round_seconds, rc):
-        self.tokens = tokens
-        self.ended = ended
-        self.round_lanes = round_lanes
-        self.round_seconds = round_seconds
-        self.rc = rc
+    tokens: list[list[int]]
+    ended: list[int]
+    round_lanes: list[int]
+    round_seconds: list[float]
+    rc: int
 
 
 class DecodeRounds:

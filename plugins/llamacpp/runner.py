@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
-from superfluid.core.worker_process import stop_requested
+from superfluid.core.worker_process import STOP, stop_requested
 
 from . import native
 from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
@@ -243,7 +243,7 @@ class TickRunner:
                 result.stopped_early = True
                 break
             try:
-                if self.rounds is not None and all(w.decoding and len(w.feed) == 1 for w in active):
+                if self.rounds is not None and all(w.decoding for w in active):  # each feeds one token
                     went_on = self._decode_rounds(active, plan.quiet, result.steps)
                 else:
                     step = self._step(active, plan.step_tokens)
@@ -276,8 +276,6 @@ class TickRunner:
 
     def _step(self, active: list[_Work], limit: int) -> StepTiming | None:
         """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
-        if all(w.decoding and len(w.feed) == 1 for w in active):
-            return self._decode_step(active)
         batch = self.batch
         singles = sum(_takes_one(w) for w in active)
         room = max(self.n_ubatch - singles, 0)
@@ -343,42 +341,12 @@ class TickRunner:
         seconds = time.perf_counter() - t0
         return StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds)
 
-    def _decode_step(self, active: list[_Work]) -> StepTiming | None:
-        """The steady state's step: every lane feeds back the one token it sampled last. The batch
-        and the tokens are what :meth:`_step` makes of it, with a third of the Python around the
-        forward pass (which at one SmolLM2 lane is 1 % of the step)."""
-        lanes = sorted(active, key=_slot) if len(active) > 1 else active  # sequence order, as in _step
-        batch = self.batch
-        token, pos, n_seq_id, seq_id, logits = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
-        for i, w in enumerate(lanes):
-            token[i] = w.feed[0]
-            pos[i] = w.pos
-            n_seq_id[i] = 1
-            seq_id[i][0] = w.slot
-            logits[i] = True
-        n = batch.n_tokens = len(lanes)
-        t0 = time.perf_counter()
-        if not self._decode(n):
-            return None
-        for i, w in enumerate(lanes):
-            w.pos += 1
-            w.result.n_fed += 1
-            sampled = self._sample(w.slot, self.samplers.get(w.slot), i)
-            tokens = w.result.tokens
-            tokens.append(sampled)
-            if self.is_eog(sampled) and not w.ignore_eos:
-                w.result.eog = True
-                w.feed = []
-            elif len(tokens) < w.max_new:
-                w.feed[0] = sampled
-            else:
-                w.feed = []
-        return StepTiming(prefill_tokens=0, decode_tokens=n, seconds=time.perf_counter() - t0)
-
     def _decode_rounds(self, active: list[_Work], quiet: bool, steps: list[StepTiming]) -> bool:
-        """As many :meth:`_decode_step` steps as the lanes' grants allow, in one call into C
-        (``_rounds.c``): until every lane has ended, the stop or yield flag is raised, or (in a
-        quiet tick) a lane ends. Appends a timing per step; False if the stop flag aborted one."""
+        """The steady state, where every lane feeds back the one token it sampled last: as many
+        decode steps as the lanes' grants allow, in one call into C (``_rounds.c``), until every
+        lane has ended, the stop or yield flag is raised, or (in a quiet tick) a lane ends. The
+        batches and tokens are those :meth:`_step` would make. Appends a timing per step; False if
+        the stop flag aborted one."""
         lanes = sorted(active, key=_slot)
         got = self.rounds.run(
             [w.slot for w in lanes], [w.pos for w in lanes], [w.feed[0] for w in lanes],
@@ -408,7 +376,7 @@ class TickRunner:
     def _decode_failed(self, rc: int, n: int) -> bool:
         """A non-zero ``llama_decode`` code for a batch of ``n`` tokens: False if the stop flag
         aborted it, else the error (no KV room for it: _PoolFull)."""
-        if rc == 2 and self.stop_flag[0]:
+        if rc == 2 and self.stop_flag[STOP]:
             return False
         if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
             raise _PoolFull(n)
