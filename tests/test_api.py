@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import random
 import time
 
 CHATML = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -93,6 +94,7 @@ def test_models_health_slots_metrics(server, client):
     health = server.get_json("/health")
     assert health["status"] == "ok"
     assert health["models"]["smollm2"]["worker_pid"] > 0
+    assert health["models"]["smollm2"]["native_rounds"] is True  # the decode loop in C is built and used
     slots = server.get_json("/slots")["models"]["smollm2"]["slots"]
     assert len(slots) == 8
     client.completions.create(model="smollm2", prompt="Hello", max_tokens=4, temperature=0)
@@ -140,3 +142,15 @@ def test_a_reply_sent_whole_runs_in_quiet_ticks_that_yield_to_a_newcomer(server,
                 break
         assert _counter(server, "superfluid_ticks_ended_early_total") > early0
         assert whole.result().usage.completion_tokens == 600
+
+
+def test_a_short_prompt_reuses_a_similar_head_in_place(client):
+    """A prompt sharing 10 of its 30 tokens with an earlier one (under the 16 worth a copy, over
+    a tenth of it) is seeded from that earlier prompt's slot, even with empty slots to spare."""
+    rng = random.Random()
+    first = [rng.randrange(1000, 40000) for _ in range(30)]
+    second = first[:10] + [rng.randrange(1000, 40000) for _ in range(20)]
+    client.completions.create(model="smollm2", prompt=first, max_tokens=2, temperature=0)
+    r = client.completions.create(model="smollm2", prompt=second, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens == 30
+    assert r.usage.prompt_tokens_details.cached_tokens == 10
