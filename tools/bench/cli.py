@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from tools.bench import method, report
+from tools.bench import bare, method, report
 from tools.bench.runner import Settings, Target, run
 
 
@@ -18,7 +18,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", action="append", required=True, metavar="NAME=BASE_URL",
                    help="a server to measure; repeat to compare (the first is the ratio's "
-                        "numerator); rounds interleave across targets")
+                        "numerator); rounds interleave across targets. NAME=llamacpp:MODEL.gguf "
+                        "is the bare llama.cpp loop with no server, the ceiling for servers "
+                        "on the same build (throughput only, greedy only)")
     p.add_argument("--concurrency", default="1,2,4,8", metavar="N,N,...",
                    help="concurrent requests per round (default 1,2,4,8)")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds; the median is reported (default 3)")
@@ -38,6 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to connect (default 10)")
     p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--bare-threads", type=int, metavar="N",
+                   help="engine threads of a llamacpp: target (default: the CPU count, at most 8)")
+    p.add_argument("--bare-context", type=int, default=4096, metavar="CELLS",
+                   help="KV cells per sequence of a llamacpp: target (default 4096)")
     p.add_argument("--json", metavar="PATH", help="write all rounds and medians as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     return p
@@ -58,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.warmup < 0 or args.max_tokens < 1 or args.ttft_max_tokens < 1:
         print("error: --rounds and --max-tokens must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
+    has_bare = any(bare.is_bare(u) for _, u in pairs)
+    if has_bare and args.sampled:
+        print("error: a llamacpp: target decodes greedily; drop --sampled", file=sys.stderr)
+        return 2
+    if (args.bare_threads is not None and args.bare_threads < 1) or args.bare_context < 1:
+        print("error: --bare-threads and --bare-context must be >= 1", file=sys.stderr)
+        return 2
     if args.skip_ttft and args.skip_throughput:
         print("error: nothing to run", file=sys.stderr)
         return 2
@@ -67,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         sampled=args.sampled, fresh_prompts=not args.same_prompts,
         request_timeout=args.timeout, connect_timeout=args.connect_timeout,
         api_key=args.api_key, throughput=not args.skip_throughput, ttft=not args.skip_ttft,
+        bare_threads=args.bare_threads, bare_context=args.bare_context,
     )
     targets = [Target(n, u, args.model) for n, u in pairs]
     progress = (lambda _line: None) if args.quiet else None

@@ -39,19 +39,17 @@ def markdown(res: Results) -> str:
     mode = "sampled (temperature 0.7, top-p 0.8, top-k 20)" if s.sampled else "greedy (temperature 0)"
     prompts = "fresh prompts each round" if s.fresh_prompts else "same prompts every round"
     out: list[str] = []
-    first = res.targets[0].name if res.targets else None
     if s.throughput and res.targets:
         grid = _grid(res, res.throughput_cell)
         out.append(f"Throughput, aggregate tok/s: {mode}, {s.max_tokens}-token replies, "
                    f"median of {s.rounds} rounds after {s.warmup} warm-up, {prompts}")
         out.append("")
         rows = [(n, [_fmt(v, ".1f") for v in vals]) for n, vals in grid.items()]
-        for t in res.targets[1:]:
-            ratios = [method.ratio(a, b) for a, b in zip(grid[first], grid[t.name])]
-            rows.append((f"{first} / {t.name}",
-                         ["-" if r is None else f"{r:.2f}x" for r in ratios]))
-            rows.append((f"round by round: median (rounds {first} led)",
-                         [_paired(res.round_ratios(first, t.name, c)) for c in cs]))
+        for a, b in res.ratio_pairs():
+            ratios = [method.ratio(x, y) for x, y in zip(grid[a], grid[b])]
+            rows.append((f"{a} / {b}", ["-" if r is None else f"{r:.2f}x" for r in ratios]))
+            rows.append((f"round by round: median (rounds {a} led)",
+                         [_paired(res.round_ratios(a, b, c)) for c in cs]))
         out += _table("target", cs, rows)
         short = sum(r.short for r in res.throughput_rounds)
         if short:
@@ -59,8 +57,9 @@ def markdown(res: Results) -> str:
             out.append(f"Warning: {short} replies were shorter than max_tokens "
                        f"(a server ignored ignore_eos); those rounds did less work.")
         out.append("")
-    if s.ttft and res.targets:
-        grid = _grid(res, res.ttft_cell)
+    servers = [t for t in res.targets if not t.is_bare]
+    if s.ttft and servers:
+        grid = {t.name: [res.ttft_cell(t.name, c) for c in cs] for t in servers}
         out.append(f"Chat streams, median time to first content delta (s): {mode}, "
                    f"{s.ttft_max_tokens}-token replies, {s.rounds} rounds after {s.warmup} warm-up")
         out.append("")

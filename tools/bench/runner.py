@@ -15,14 +15,18 @@ from typing import Any, Callable, Sequence
 
 import aiohttp
 
-from tools.bench import client, method, prompts
+from tools.bench import bare, client, method, prompts
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    base: str
+    base: str  # a server's base URL, or llamacpp:MODEL.gguf for the bare runtime loop
     model: str | None = None
+
+    @property
+    def is_bare(self) -> bool:
+        return bare.is_bare(self.base)
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Settings:
     api_key: str | None = None
     throughput: bool = True
     ttft: bool = True
+    bare_threads: int | None = None  # engine threads of a bare target (default: its own)
+    bare_context: int = 4096  # KV cells per sequence of a bare target
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -92,6 +98,14 @@ class Results:
         a, b = by_round(first), by_round(other)
         return [a[n] / b[n] for n in sorted(a) if n in b and b[n] > 0]
 
+    def ratio_pairs(self) -> list[tuple[str, str]]:
+        """The first target against each other one, and every other server against each
+        bare loop (the ceiling), so each server's share of the runtime's speed shows."""
+        names = [t.name for t in self.targets]
+        bares = [t.name for t in self.targets if t.is_bare]
+        return [(names[0], n) for n in names[1:]] + [
+            (t.name, b) for t in self.targets[1:] if not t.is_bare for b in bares]
+
     def ttft_cell(self, target: str, concurrency: int) -> float | None:
         """Median first-token time over every stream of the measured rounds."""
         return method.median(
@@ -107,8 +121,8 @@ class Results:
             "settings": asdict(self.settings) | {"sampling": self.settings.sampling, "api_key": None},
             "targets": [asdict(t) for t in self.targets],
             "throughput_tok_s": {n: {str(c): self.throughput_cell(n, c) for c in cs} for n in names},
-            "round_ratios": {f"{names[0]}/{n}": {str(c): self.round_ratios(names[0], n, c) for c in cs}
-                             for n in names[1:]},
+            "round_ratios": {f"{a}/{b}": {str(c): self.round_ratios(a, b, c) for c in cs}
+                             for a, b in self.ratio_pairs()},
             "ttft_s": {n: {str(c): self.ttft_cell(n, c) for c in cs} for n in names},
             "throughput_rounds": [asdict(r) for r in self.throughput_rounds],
             "ttft_rounds": [asdict(r) for r in self.ttft_rounds],
@@ -156,6 +170,23 @@ async def throughput_round(
     )
 
 
+async def bare_throughput_round(
+    loop: bare.BareTarget, target: Target, step: method.Step, s: Settings
+) -> ThroughputRound:
+    """The same prompts and reply length as a server's round, run by the bare loop."""
+    batch = prompts.completion_prompts(step.concurrency, _tag("t", step, s.fresh_prompts))
+    first_send = time.perf_counter()
+    reply = await loop.run(batch, s.max_tokens, s.request_timeout)
+    last_response = time.perf_counter()
+    tokens = [int(n) for n in reply["completion_tokens"]]
+    return ThroughputRound(
+        target=target.name, concurrency=step.concurrency, round=step.round,
+        warmup=step.warmup, completion_tokens=tokens, wall_s=last_response - first_send,
+        tok_s=method.throughput(tokens, first_send, last_response),
+        short=sum(1 for t in tokens if t < s.max_tokens),
+    )
+
+
 async def ttft_round(
     session: aiohttp.ClientSession, target: Target, step: method.Step, s: Settings
 ) -> TtftRound:
@@ -197,33 +228,51 @@ async def run(targets: Sequence[Target], s: Settings, progress: Progress = _stde
     A failed request stops the run; what was measured so far is kept and the
     error is recorded in the results.
     """
-    sessions = {t.name: _session(s) for t in targets}
+    sessions = {t.name: _session(s) for t in targets if not t.is_bare}
+    loops: dict[str, bare.BareTarget] = {}
     resolved: list[Target] = []
     results = Results(targets=resolved, settings=s)
     try:
         for t in targets:
-            model = t.model or await client.first_model(
-                sessions[t.name], t.base, s.connect_timeout + 20.0)
+            if t.is_bare:
+                loops[t.name] = bare.BareTarget(bare.model_path(t.base), max(s.concurrencies),
+                                                s.bare_context, s.bare_threads)
+                await loops[t.name].start()
+                model = loops[t.name].model
+            else:
+                model = t.model or await client.first_model(
+                    sessions[t.name], t.base, s.connect_timeout + 20.0)
             resolved.append(Target(t.name, t.base, model))
             progress(f"{t.name}: {t.base} model={model}")
         by_name = {t.name: t for t in resolved}
         names = [t.name for t in resolved]
+
+        async def throughput(step: method.Step) -> ThroughputRound:
+            if step.target in loops:
+                return await bare_throughput_round(loops[step.target], by_name[step.target], step, s)
+            return await throughput_round(sessions[step.target], by_name[step.target], step, s)
+
+        async def ttft(step: method.Step) -> TtftRound:
+            return await ttft_round(sessions[step.target], by_name[step.target], step, s)
+
         phases = []
         if s.throughput:
-            phases.append(("throughput", throughput_round, results.throughput_rounds))
-        if s.ttft:
-            phases.append(("ttft", ttft_round, results.ttft_rounds))
-        for phase, fn, sink in phases:
-            for step in method.schedule(names, s.concurrencies, s.rounds, s.warmup):
-                rec = await fn(sessions[step.target], by_name[step.target], step, s)
+            phases.append(("throughput", throughput, names, results.throughput_rounds))
+        if s.ttft:  # the bare loop has no chat template and no stream: servers only
+            phases.append(("ttft", ttft, [n for n in names if n not in loops], results.ttft_rounds))
+        for phase, fn, phase_names, sink in phases:
+            for step in method.schedule(phase_names, s.concurrencies, s.rounds, s.warmup):
+                rec = await fn(step)
                 sink.append(rec)
                 progress(_describe(phase, rec))
-    except (client.BenchError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (client.BenchError, bare.BareError, aiohttp.ClientError, asyncio.TimeoutError) as e:
         results.error = f"{type(e).__name__}: {e}"
         progress(f"error: {results.error}")
     finally:
         for sess in sessions.values():
             await sess.close()
+        for loop in loops.values():
+            await loop.close()
     return results
 
 
