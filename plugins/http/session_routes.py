@@ -140,10 +140,14 @@ class SessionRoutes:
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         reserve = asked if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < ctx else ctx // 8
         loop = asyncio.get_running_loop()
+        lengths: dict[int | None, int] = {}  # by window start: each is rendered and tokenized once
 
         def length(start: int | None) -> int:
-            messages = session.history(start) + body["messages"]
-            return self.openai.chat_prompt_length(request, {**body, "model": session.model, "messages": messages})
+            if start not in lengths:
+                messages = session.history(start) + body["messages"]
+                lengths[start] = self.openai.chat_prompt_length(
+                    request, {**body, "model": session.model, "messages": messages})
+            return lengths[start]
 
         before = await loop.run_in_executor(None, length, None)
         if before + reserve <= ctx:
@@ -162,7 +166,7 @@ class SessionRoutes:
                 return  # even the newest messages alone do not fit: the turn answers 400
             best = len(cuts) - 1
         self.store.drop_before(session, cuts[best])
-        after = await loop.run_in_executor(None, length, None)
+        after = length(cuts[best])  # the prompt from the new window start, measured by the search
         log.info("session %s: the history (%d tokens + %d for the reply) outgrew the %d-token context; "
                  "left its oldest messages out (%d dropped in all), %d tokens kept",
                  session.id, before, reserve, ctx, session.dropped_messages, after)
