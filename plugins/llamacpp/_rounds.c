@@ -7,7 +7,7 @@
  *
  * Nothing is linked against llama.cpp: the worker hands over the addresses of the functions it
  * already loaded through llama-cpp-python (sf_bind), and the batch is llama-cpp-python's own
- * llama_batch, whose layout runner.py checks before it uses this module. The functions are
+ * llama_batch, whose layout native.py checks before it binds this module. The functions are
  * called through ctypes; the module's Python face exists only so that it installs and imports
  * like any other extension module. */
 

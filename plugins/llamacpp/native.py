@@ -33,8 +33,8 @@ class RoundsOutcome(NamedTuple):
 class DecodeRounds:
     def __init__(self, lib: ctypes.CDLL, ctx, vocab, batch, n_vocab: int, flags):
         self._fn = lib.sf_decode_rounds
-        self._ctx = ctypes.cast(ctx, ctypes.c_void_p).value
-        self._vocab = ctypes.cast(vocab, ctypes.c_void_p).value
+        self._ctx = _address(ctx)
+        self._vocab = _address(vocab)
         self._batch = ctypes.addressof(batch)
         self._n_vocab = n_vocab
         self._flags = ctypes.addressof(flags)
@@ -52,7 +52,7 @@ class DecodeRounds:
         out = np.empty(n * max_rounds, dtype=np.int32)
         round_lanes = np.empty(max_rounds, dtype=np.int32)
         round_seconds = np.empty(max_rounds, dtype=np.float64)
-        sampler_a = (ctypes.c_void_p * n)(*[ctypes.cast(s, ctypes.c_void_p).value if s else None
+        sampler_a = (ctypes.c_void_p * n)(*[_address(s) if s else None
                                             for s in samplers])
         rc = ctypes.c_int32(0)
         rounds = self._fn(self._ctx, self._vocab, self._batch, n, _ptr(np.array(slots, dtype=np.int32)),
@@ -70,8 +70,9 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _address(fn) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
+def _address(obj) -> int:
+    """The address a ctypes pointer or function holds."""
+    return ctypes.cast(obj, ctypes.c_void_p).value
 
 
 def load() -> ctypes.CDLL | None:

@@ -28,9 +28,10 @@ def _table(header: str, cols: list[int], rows: list[tuple[str, list[str]]]) -> l
     return lines
 
 
-def _grid(res: Results, cell: Callable[[str, int], float | None]) -> dict[str, list[float | None]]:
+def _grid(res: Results, cell: Callable[[str, int], float | None],
+          targets: list | None = None) -> dict[str, list[float | None]]:
     cs = res.settings.concurrencies
-    return {t.name: [cell(t.name, c) for c in cs] for t in res.targets}
+    return {t.name: [cell(t.name, c) for c in cs] for t in (res.targets if targets is None else targets)}
 
 
 def markdown(res: Results) -> str:
@@ -59,7 +60,7 @@ def markdown(res: Results) -> str:
         out.append("")
     servers = [t for t in res.targets if not t.is_bare]
     if s.ttft and servers:
-        grid = {t.name: [res.ttft_cell(t.name, c) for c in cs] for t in servers}
+        grid = _grid(res, res.ttft_cell, servers)
         out.append(f"Chat streams, median time to first content delta (s): {mode}, "
                    f"{s.ttft_max_tokens}-token replies, {s.rounds} rounds after {s.warmup} warm-up")
         out.append("")

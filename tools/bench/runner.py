@@ -159,8 +159,12 @@ async def throughput_round(
                         sampling, s.request_timeout)
         for p in batch
     )
-    last_response = max(d.done for d in done)
-    tokens = [d.completion_tokens for d in done]
+    return _throughput_record(target, step, s, [d.completion_tokens for d in done],
+                              first_send, max(d.done for d in done))
+
+
+def _throughput_record(target: Target, step: method.Step, s: Settings, tokens: list[int],
+                       first_send: float, last_response: float) -> ThroughputRound:
     return ThroughputRound(
         target=target.name, concurrency=step.concurrency, round=step.round,
         warmup=step.warmup, completion_tokens=tokens,
@@ -177,14 +181,8 @@ async def bare_throughput_round(
     batch = prompts.completion_prompts(step.concurrency, _tag("t", step, s.fresh_prompts))
     first_send = time.perf_counter()
     reply = await loop.run(batch, s.max_tokens, s.request_timeout)
-    last_response = time.perf_counter()
-    tokens = [int(n) for n in reply["completion_tokens"]]
-    return ThroughputRound(
-        target=target.name, concurrency=step.concurrency, round=step.round,
-        warmup=step.warmup, completion_tokens=tokens, wall_s=last_response - first_send,
-        tok_s=method.throughput(tokens, first_send, last_response),
-        short=sum(1 for t in tokens if t < s.max_tokens),
-    )
+    return _throughput_record(target, step, s, [int(n) for n in reply["completion_tokens"]],
+                              first_send, time.perf_counter())
 
 
 async def ttft_round(
