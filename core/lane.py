@@ -9,6 +9,7 @@ import attrs
 
 from .request import Request
 from .textstream import TextStream
+from .tick import OWN, Seed
 
 
 class LaneState(enum.Enum):
@@ -48,9 +49,7 @@ class Lane:
     needs_reset: bool = True  # the engine must clear the slot and start a fresh sampler
     parked: str | None = None  # key of this lane's KV parked in the engine's host memory
     parked_tokens: int = 0     # how many of ``tokens`` that parked KV holds
-    restore: str | None = None  # park key to restore into the slot at the next reset
-    copy_from: int | None = None  # slot whose KV seeds this lane's first n_cached tokens at the next reset
-    restore_prefix: str | None = None  # host-memory prefix whose KV seeds this lane at the next reset
+    seed: Seed = OWN  # where the slot's first n_cached tokens of KV come from at the next reset
     n_reused: int = 0          # prompt tokens taken from the prefix cache instead of prefilled
     preemptions: int = 0
 

@@ -7,6 +7,32 @@ import attrs
 from .request import SamplingParams
 
 
+@attrs.define(frozen=True)
+class Seed:
+    """Where a reset slot's KV comes from before the lane's feed is appended to it.
+
+    The engine sets the slot up from the source and keeps only its first ``LanePlan.pos``
+    tokens; a source that cannot hold them is a ``LaneResult.restore_failed``.
+
+    * ``Seed()`` — the slot's own KV (cut to ``pos``; ``pos`` 0 clears it);
+    * ``Seed(slot=s)`` — a copy of slot ``s``'s KV (a running lane or a cached prefix);
+    * ``Seed(key=k)`` — parked KV under key ``k``, taken out of host memory (a preempted
+      lane's own KV);
+    * ``Seed(key=k, shared=True)`` — parked KV that stays parked for other lanes (a prefix in
+      the host tier)."""
+
+    slot: int | None = None
+    key: str | None = None
+    shared: bool = False
+
+    @property
+    def own(self) -> bool:
+        return self.slot is None and self.key is None
+
+
+OWN = Seed()
+
+
 @attrs.define
 class LanePlan:
     """One lane's share of a tick.
@@ -15,9 +41,8 @@ class LanePlan:
     set the feed reaches the end of the lane's tokens: the engine samples after it and then runs up
     to ``max_new - 1`` more decode rounds, feeding back each sampled token, stopping early at an
     end-of-generation token unless ``ignore_eos``. ``reset`` starts a fresh sampler from
-    ``sampling`` and first sets up the slot's KV: restored from ``restore``, copied from slot
-    ``copy_from``, or the slot's own; in every case only its first ``pos`` tokens are kept
-    (``pos`` 0: the slot is cleared)."""
+    ``sampling`` and first sets up the slot's KV from ``seed``; in every case only its first
+    ``pos`` tokens are kept (``pos`` 0: the slot is cleared)."""
 
     slot: int
     pos: int
@@ -28,9 +53,7 @@ class LanePlan:
     sampling: SamplingParams | None = None
     ignore_eos: bool = False
     decode: bool = False  # the feed is the lane's own last sampled token (already seen by its sampler)
-    restore: str | None = None  # after the reset, load this parked KV into the slot (it holds ``pos`` tokens)
-    copy_from: int | None = None  # at the reset, copy that slot's KV and keep its first ``pos`` tokens
-    keep_parked: bool = False  # ``restore`` a cached prefix: leave it parked for other lanes
+    seed: Seed = OWN  # with ``reset``: where the slot's first ``pos`` tokens of KV come from
     replay_from: int | None = None  # from this position on, feed one token per step, as decoding did
     history: list[int] | None = None  # tokens already in the KV, for a fresh penalty or grammar sampler
                                       # (a grammar takes those from ``replay_from`` on: the generated ones)

@@ -176,16 +176,17 @@ class TickRunner:
         """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
         slot = lp.slot
         self._drop_sampler(slot)
-        if lp.restore is not None:
+        seed = lp.seed
+        if seed.key is not None:
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
-            if not self.restore(slot, lp.restore, keep=lp.keep_parked):
+            if not self.restore(slot, seed.key, keep=seed.shared):
                 return False
-        elif lp.copy_from is not None:
+        elif seed.slot is not None:
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
             if self.unified:  # one pool: the slot shares the source's cells for positions [0, pos)
-                llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, 0, lp.pos)
+                llama_cpp.llama_memory_seq_cp(self.mem, seed.slot, slot, 0, lp.pos)
             else:  # across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut
-                llama_cpp.llama_memory_seq_cp(self.mem, lp.copy_from, slot, -1, -1)
+                llama_cpp.llama_memory_seq_cp(self.mem, seed.slot, slot, -1, -1)
         if not llama_cpp.llama_memory_seq_rm(self.mem, slot, lp.pos, -1):
             return False  # a recurrent state cannot be cut back to ``pos``
         if lp.pos == 0:

@@ -228,12 +228,13 @@ class TickRunner:
         """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
         slot = lp.slot
         self.samplers.pop(slot, None)
-        if lp.restore is not None:
+        seed = lp.seed
+        if seed.key is not None:
             self.caches.pop(slot, None)
-            if not self.restore(slot, lp.restore, keep=lp.keep_parked):
+            if not self.restore(slot, seed.key, keep=seed.shared):
                 return False
-        elif lp.copy_from is not None:
-            self._copy(lp.copy_from, slot, lp.pos)
+        elif seed.slot is not None:
+            self._copy(seed.slot, slot, lp.pos)
         if lp.pos == 0:
             self.caches.pop(slot, None)
             return True

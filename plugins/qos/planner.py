@@ -11,7 +11,7 @@ import math
 
 from superfluid.core import qos
 from superfluid.core.lane import Lane
-from superfluid.core.tick import LanePlan, TickPlan
+from superfluid.core.tick import OWN, LanePlan, TickPlan
 
 STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
 MIN_STEP = 128                  # (engines that cannot abort a step in flight)
@@ -155,9 +155,7 @@ def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> 
                     sample=sample, max_new=max_new, reset=reset,
                     sampling=req.sampling if reset else None, ignore_eos=req.ignore_eos,
                     decode=decode and not reset,
-                    restore=(lane.restore or lane.restore_prefix) if reset else None,
-                    keep_parked=reset and lane.restore is None and lane.restore_prefix is not None,
-                    copy_from=lane.copy_from if reset else None, history=history,
+                    seed=lane.seed if reset else OWN, history=history,
                     # A lane resuming its generation (KV dropped) replays its generated tokens one
                     # per step, as decoding computed them, so its KV and text come out the same.
                     replay_from=lane.n_prompt if lane.n_generated > 0 else None)
