@@ -34,6 +34,18 @@ def in_range(lo: float | None = None, hi: float | None = None, *, also: tuple = 
     return check
 
 
+def parse_fraction(text: str) -> float:
+    """A share of something: ``0.85``, ``85`` or ``85%`` all mean 85 % (a number above 1 is read
+    as a percentage)."""
+    text = text.strip()
+    percent = text.endswith("%")
+    try:
+        value = float(text[:-1] if percent else text)
+    except ValueError:
+        raise ConfigError(f"expected a fraction such as 0.85 or a percentage such as 85%, got {text!r}") from None
+    return value / 100.0 if percent or value > 1.0 else value
+
+
 @attrs.define(frozen=True)
 class Option:
     """One option: its TOML key and flag name, type, default and help."""
@@ -111,10 +123,13 @@ def core_options() -> list[Option]:
                in_range(1, 60000), model_scoped=True, metavar="N"),
         Option("starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks",
                in_range(1, 100000), model_scoped=True, metavar="N"),
-        Option("pressure-high", float, 0.85, "KV pool occupancy at which cached prefixes are evicted",
-               in_range(0.05, 1.0), model_scoped=True, metavar="FRACTION"),
+        Option("pressure-high", float, 0.85, "KV pool occupancy (of the cells lanes can hold) at which "
+               "cached prefixes are evicted: 0.85, 85 or 85%", in_range(0.05, 1.0), model_scoped=True,
+               metavar="FRACTION", parse=parse_fraction),
         Option("pressure-low", float, 0.70, "occupancy that eviction brings the KV pool down to",
-               in_range(0.0, 1.0), model_scoped=True, metavar="FRACTION"),
+               in_range(0.0, 1.0), model_scoped=True, metavar="FRACTION", parse=parse_fraction),
+        Option("park", bool, False, "park a preempted lane's KV in host memory and restore it on resume "
+               "(otherwise it prefills prompt + generated tokens again)", model_scoped=True),
         Option("host-cache-mb", int, 1024, "host memory for prefixes evicted from the KV pool (0: none)",
                in_range(0, 1 << 24), model_scoped=True, metavar="MB"),
         Option("pin-prompt", list, [], "a prompt prefix (raw text, special tokens parsed, e.g. a shared "
@@ -144,7 +159,7 @@ def _coerce(option: Option, value: Any, where: str) -> Any:
     if option.parse is not None:
         if isinstance(value, dict) and option.type is dict:  # a TOML table: {background = 2}
             value = ",".join(f"{k}={v}" for k, v in value.items())
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ConfigError(f"{where}: {option.name} must be a string, got {value!r}")
         try:
             value = option.parse(str(value))

@@ -15,7 +15,9 @@ from .config import Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
 from .errors import ModelNotFound, ServiceUnavailable
-from .scheduler import Scheduler, SchedulerSettings
+from .loop import ModelLoop
+from .plugins import check_required_hooks
+from .settings import SchedulerSettings
 from .sessions import SessionStore
 
 log = logging.getLogger("superfluid.daemon")
@@ -27,7 +29,7 @@ class ModelRuntime:
 
     config: ModelConfig
     engine: Engine
-    scheduler: Scheduler
+    scheduler: ModelLoop
     state: str = "ready"  # ready | unloading
 
     @property
@@ -53,8 +55,9 @@ class Daemon:
         self.unloaded: dict[str, ModelConfig] = {}  # configured models unloaded at runtime
         self.loading: set[str] = set()
         self.draining = False  # shutting down: no new generations
+        check_required_hooks(pm)
         self.registry = EngineRegistry()
-        self.hook.superfluid_add_engines(registry=self.registry)
+        self.hook.superfluid_add_engines(register=self.registry.add)
         self.sessions = SessionStore(config.get("state-dir"))
         self.sessions.recover()
 
@@ -75,10 +78,14 @@ class Daemon:
             max_batch=caps.max_lanes, context_length=caps.context_length,
             prefill_budget=mc["prefill-budget"], tick_decode_budget=mc["tick-decode-budget"],
             tick_target_ms=mc["tick-target-ms"], starvation_ticks=mc["starvation-ticks"],
-            extra={**mc.values, "pinned-tokens": [engine.tokenize(text, add_special=True, parse_special=True)
-                                                  for text in mc.values.get("pin-prompt") or []]})
-        sources = [s for group in self.hook.superfluid_pressure_sources(config=self.config) for s in group or []]
-        scheduler = Scheduler(mc.name, engine, self.hook, settings, pressure_sources=sources)
+            park=mc["park"], pressure_high=mc["pressure-high"], pressure_low=mc["pressure-low"],
+            host_cache_bytes=mc["host-cache-mb"] << 20,
+            pinned_tokens=[engine.tokenize(text, add_special=True, parse_special=True)
+                           for text in mc["pin-prompt"] or []],
+            extra=dict(mc.values))
+        sources: list = []
+        self.hook.superfluid_add_pressure_sources(register=sources.append, config=self.config)
+        scheduler = ModelLoop(mc.name, engine, self.hook, settings, pressure_sources=sources)
         scheduler.start()
         runtime = ModelRuntime(config=mc, engine=engine, scheduler=scheduler)
         self.models[mc.name] = runtime
@@ -149,8 +156,8 @@ class Daemon:
         """Start the front ends, wait for SIGINT/SIGTERM, then shut down gracefully: stop
         admitting, let running requests finish, persist sessions, stop. A second signal skips
         the wait."""
-        frontends = [fe for group in self.hook.superfluid_frontends(config=self.config, daemon=self)
-                     for fe in (group or [])]
+        frontends: list = []
+        self.hook.superfluid_add_frontends(register=frontends.append, config=self.config, daemon=self)
         stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
 

@@ -109,7 +109,7 @@ EngineFactory = Callable[..., Engine]
 
 
 class EngineRegistry:
-    """Engine factories by name. Plugins call :meth:`add` from ``superfluid_add_engines``."""
+    """Engine factories by name. ``superfluid_add_engines`` hands plugins its :meth:`add`."""
 
     def __init__(self) -> None:
         self._factories: dict[str, EngineFactory] = {}

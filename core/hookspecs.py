@@ -3,103 +3,170 @@
 Grouped by phase. Decision hooks are ``firstresult``: the first plugin that answers (not None)
 wins, so a plugin listed in the TOML ``plugins`` key, registered after the built-ins, overrides
 them (pluggy calls later-registered plugins first). Observer hooks call every plugin.
+Registrar hooks receive a ``register`` callable and call it once per thing they add.
+
+Each hook says which thread calls it. "The model's thread" is the one running that model's
+:class:`~superfluid.core.loop.ModelLoop`; a hook called there holds the model's lock, so it
+must be quick and must not call back into the loop.
 
 Set ``SUPERFLUID_TRACE_HOOKS=1`` to log every hook call and its result.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import pluggy
+
+if TYPE_CHECKING:
+    from .config import Config, Schema
+    from .costs import CostModel
+    from .daemon import Daemon
+    from .engine import EngineCapabilities, EngineFactory
+    from .lane import Lane
+    from .pressure import PressureSource
+    from .settings import SchedulerSettings
+    from .stats import TickStats
+    from .tick import TickPlan
 
 hookspec = pluggy.HookspecMarker("superfluid")
 hookimpl = pluggy.HookimplMarker("superfluid")
 
 
-# ---- startup: configuration and registries -------------------------------------------------
+# ---- startup: configuration and registrars (the main thread, before any model loads) --------
 
 @hookspec
-def superfluid_add_config(schema):
+def superfluid_add_config(schema: Schema) -> None:
     """Declare configuration options.
 
-    Call ``schema.add(Option(...))`` for each option the plugin reads. Every option is both a
-    TOML key and a command-line flag of the same name (``max-batch`` / ``--max-batch``), and is
-    validated at startup with an error naming the key and the file."""
+    :param schema: call ``schema.add(Option(...))`` for each option the plugin reads. Every
+        option is both a TOML key and a command-line flag of the same name (``max-batch`` /
+        ``--max-batch``), validated at startup with an error naming the key and the file.
+        Model-scoped options a plugin declares reach its hooks as ``settings.extra[name]``."""
 
 
 @hookspec
-def superfluid_configure(config):
-    """Called once with the validated :class:`~superfluid.core.config.Config`, before any
-    engine loads. Raise :class:`~superfluid.core.errors.ConfigError` to refuse it."""
+def superfluid_configure(config: Config) -> None:
+    """Check the validated configuration once, before any engine loads.
+
+    :param config: the whole :class:`~superfluid.core.config.Config`.
+    Raise :class:`~superfluid.core.errors.ConfigError` to refuse it."""
 
 
 @hookspec
-def superfluid_add_engines(registry):
-    """Register engine adapter factories: ``registry.add("name", factory)``.
+def superfluid_add_engines(register: Callable[[str, EngineFactory], None]) -> None:
+    """Register engine adapters: ``register("name", factory)``.
 
-    ``factory(model=ModelConfig, config=Config)`` returns an unstarted
-    :class:`~superfluid.core.engine.Engine`."""
+    :param register: takes the name a model's ``engine`` key selects and a factory;
+        ``factory(model=ModelConfig, config=Config)`` returns an unstarted
+        :class:`~superfluid.core.engine.Engine`. A name registered twice is an error."""
 
 
-# ---- scheduling decisions (called on the model's scheduler thread) ----------------------------
+@hookspec
+def superfluid_add_pressure_sources(register: Callable[[PressureSource], None], config: Config) -> None:
+    """Register memory pressure sources: ``register(source)``.
+
+    :param register: takes an object with ``level() -> "ok" | "warning" | "critical"``
+        (:class:`~superfluid.core.pressure.PressureSource`), read on each model's thread
+        between ticks, at most every half second.
+    :param config: the configuration, to honour a plugin's own on/off option."""
+
+
+@hookspec
+def superfluid_add_frontends(register: Callable[[object], None], config: Config, daemon: Daemon) -> None:
+    """Register front ends: ``register(frontend)``, an object with ``async start()`` and
+    ``async stop()``, run on the daemon's event loop.
+
+    :param config: the configuration.
+    :param daemon: the :class:`~superfluid.core.daemon.Daemon`: its models, their loops and
+        their engines' tokenizers."""
+
+
+# ---- scheduling decisions (the model's thread, its lock held) -------------------------------
+# A model needs an implementation of pick_next, choose_victim and plan_tick: the daemon refuses
+# to start without one (the qos plugin provides all three).
 
 @hookspec(firstresult=True)
-def superfluid_pick_next(queue, lanes, now, settings):
-    """Choose the next queued lane to admit, or return None to admit nothing now.
+def superfluid_pick_next(queue: list[Lane], lanes: list[Lane], now: float, settings: SchedulerSettings,
+                         free_lanes: int, pressure: str) -> Lane | None:
+    """Choose the next queued lane to admit, or None to admit nothing now.
 
-    ``queue`` is the list of queued lanes in arrival order (requeued lanes at the head of their
-    class), ``lanes`` the running ones, ``settings`` the model's
-    :class:`~superfluid.core.scheduler.SchedulerSettings`. Must be fast: it runs once per free
-    lane per tick."""
+    :param queue: queued lanes that may be admitted now, in arrival order (requeued lanes at the
+        head of their class); lanes waiting to copy a prefix another lane is prefilling are left
+        out.
+    :param lanes: the running lanes.
+    :param now: ``time.monotonic()`` at the start of planning.
+    :param settings: the model's settings; a plugin's own options are in ``settings.extra``.
+    :param free_lanes: free lanes now. With none free, the chosen lane is admitted only if
+        :func:`superfluid_choose_victim` names a lane to preempt for it.
+    :param pressure: the worst OS memory pressure level now: "ok", "warning" or "critical".
 
-
-@hookspec(firstresult=True)
-def superfluid_choose_victim(lane, lanes, settings):
-    """Choose a running lane to preempt so that queued ``lane`` can start, or None for no
-    preemption."""
-
-
-@hookspec(firstresult=True)
-def superfluid_plan_tick(lanes, queue, costs, capabilities, settings, now):
-    """Return a :class:`~superfluid.core.tick.TickPlan` for the running ``lanes``.
-
-    ``costs`` is the model's :class:`~superfluid.core.costs.CostModel` (measured seconds per
-    prefill token and per decode round); ``capabilities`` the engine's
-    :class:`~superfluid.core.engine.EngineCapabilities`. The plan decides prefill chunks,
-    decode grants and the tick's target length."""
+    Called once per admitted lane per tick: keep it fast."""
 
 
 @hookspec(firstresult=True)
-def superfluid_should_stop_tick(lane, lanes, settings):
-    """A request was just queued while a tick runs: return True to end that tick at the
-    engine's next step (for example, interactive work arriving)."""
+def superfluid_choose_victim(lane: Lane, lanes: list[Lane], settings: SchedulerSettings) -> Lane | None:
+    """Choose a running lane to preempt so that queued ``lane`` can start, or None for none.
+
+    :param lane: the lane :func:`superfluid_pick_next` chose, with no lane (or no KV room)
+        free for it.
+    :param lanes: the running lanes. A pinned lane (``lane.pinned``) is never preempted: naming
+        one preempts nothing.
+    :param settings: the model's settings."""
 
 
-# ---- memory pressure -----------------------------------------------------------------------
+@hookspec(firstresult=True)
+def superfluid_plan_tick(lanes: list[Lane], queue: list[Lane], costs: CostModel,
+                         capabilities: EngineCapabilities, settings: SchedulerSettings,
+                         now: float) -> TickPlan | None:
+    """Return a :class:`~superfluid.core.tick.TickPlan` for the running ``lanes``: their
+    prefill chunks and decode grants, and the tick's target length.
+
+    :param lanes: the running lanes (at least one).
+    :param queue: the lanes still queued after admission (whether a tick may run long).
+    :param costs: measured seconds per prefill token and per decode round.
+    :param capabilities: what the engine declared (:class:`~superfluid.core.engine.EngineCapabilities`).
+    :param settings: the model's settings.
+    :param now: ``time.monotonic()`` at the start of planning."""
+
+
+@hookspec(firstresult=True)
+def superfluid_pressure_victims(level: str, lanes: list[Lane], settings: SchedulerSettings) -> list[Lane] | None:
+    """OS memory pressure was just read as ``level`` ("warning" or "critical"), after the KV
+    manager evicted cached prefixes: return running lanes to preempt as well (pinned lanes are
+    skipped), or None for none.
+
+    :param lanes: the running lanes.
+    :param settings: the model's settings."""
+
+
+@hookspec(firstresult=True)
+def superfluid_should_stop_tick(lane: Lane, lanes: list[Lane], settings: SchedulerSettings) -> bool | None:
+    """A request was just queued while lanes run: return True to end the tick in flight at the
+    engine's next step (for example, interactive work arriving).
+
+    Runs on the thread that submitted the request (a front end's), with the model's lock held.
+
+    :param lane: the lane just queued.
+    :param lanes: the running lanes.
+    :param settings: the model's settings."""
+
+
+# ---- observers (the model's thread, after each tick) ----------------------------------------
 
 @hookspec
-def superfluid_pressure_sources(config):
-    """Return pressure sources (objects with ``level() -> "ok" | "warning" | "critical"``)."""
+def superfluid_tick_done(model: str, stats: TickStats) -> None:
+    """After every tick, outside the model's lock.
 
-
-# ---- front ends ------------------------------------------------------------------------------
-
-@hookspec
-def superfluid_frontends(config, daemon):
-    """Return front ends to run: objects with ``async start()`` and ``async stop()``.
-
-    ``daemon`` is the :class:`~superfluid.core.daemon.Daemon`: its models, their schedulers
-    and engines' tokenizers."""
-
-
-# ---- observers -------------------------------------------------------------------------------
-
-@hookspec
-def superfluid_tick_done(model, stats):
-    """Called after every tick with a :class:`~superfluid.core.scheduler.TickStats`.
-
-    Runs on the scheduler thread between ticks: keep it cheap (metrics, logs)."""
+    :param model: the model's name.
+    :param stats: what the tick did (:class:`~superfluid.core.stats.TickStats`). Keep it cheap:
+        the next tick waits for every observer (metrics, logs)."""
 
 
 @hookspec
-def superfluid_lane_finished(model, lane):
-    """Called once per lane when it finishes, is cancelled or fails (on the scheduler thread)."""
+def superfluid_lane_finished(model: str, lane: Lane) -> None:
+    """Once per lane when it finishes, is cancelled or fails, on the model's thread with its lock
+    held (or on the thread that cancels a queued lane or closes the model).
+
+    :param model: the model's name.
+    :param lane: the lane; ``lane.finish_reason`` says how it ended."""

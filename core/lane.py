@@ -92,6 +92,30 @@ class Lane:
     def active(self) -> bool:
         return self.state in (LaneState.PREFILLING, LaneState.DECODING)
 
+    def take(self, tokens: list[int], eog: bool, context_length: int) -> tuple[str, tuple[int, ...], str | None]:
+        """Append a tick's sampled tokens and release their text. Returns the text, the tokens
+        that count toward usage (an ending end-of-generation token does not), and the finish
+        reason if the generation ended: "stop" (end of generation or a stop string), "length"
+        (max_tokens or the context is full)."""
+        text, used = [], []
+        reason = None
+        last = len(tokens) - 1
+        for i, token in enumerate(tokens):
+            self.tokens.append(token)
+            if eog and i == last and not self.request.ignore_eos:
+                reason = "stop"
+                break
+            self.n_output += 1
+            used.append(token)
+            text.append(self.text.push(token))
+            if self.text.stopped:
+                reason = "stop"
+                break
+            if self.remaining_tokens <= 0 or len(self.tokens) >= context_length:
+                reason = "length"
+                break
+        return "".join(text), tuple(used), reason
+
 
 @attrs.define(frozen=True)
 class LaneEvent:

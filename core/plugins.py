@@ -17,6 +17,17 @@ from .errors import ConfigError
 log = logging.getLogger("superfluid.plugins")
 
 ENTRY_POINT_GROUP = "superfluid"
+# Decisions every model needs: without an implementation no tick can be planned.
+REQUIRED_HOOKS = ("superfluid_pick_next", "superfluid_choose_victim", "superfluid_plan_tick")
+
+
+def check_required_hooks(pm: pluggy.PluginManager) -> None:
+    """Refuse to start without a plugin for each decision a model needs (a clear error now
+    rather than a failed first tick)."""
+    missing = [name for name in REQUIRED_HOOKS if not getattr(pm.hook, name).get_hookimpls()]
+    if missing:
+        raise ConfigError(f"no plugin implements {', '.join(missing)}: the built-in qos plugin provides "
+                          "them; is it installed, or disabled in the configuration's plugins?")
 
 
 def make_plugin_manager(extra: list[str] | tuple[str, ...] = (), *,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from superfluid.core.scheduler import TickStats
+from superfluid.core.stats import TickStats
 from superfluid.plugins.http.metrics import Metrics
 
 

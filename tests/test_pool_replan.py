@@ -59,7 +59,7 @@ def test_refused_plan_evicts_unpinned_prefixes_first_then_pinned(make, observer)
     drive(sched, engine, a.done.is_set)
     _, b = submit(sched, prompt(300, 90), 1)               # unpinned cache, 90 tokens
     drive(sched, engine, b.done.is_set)
-    assert sched.cache.cached_tokens() == 190
+    assert sched.scheduler.kv.cache.cached_tokens() == 190
     tokens = prompt(500, 150)
     _, c = submit(sched, tokens, 4)                        # 154 more: 344 > 300
     stats = drive(sched, engine, c.done.is_set)
@@ -67,7 +67,7 @@ def test_refused_plan_evicts_unpinned_prefixes_first_then_pinned(make, observer)
     refusals = [s for s in stats if s.pool_rejections]
     assert refusals and refusals[0].evictions == {"pool_full": 1}
     # the unpinned cache went first and that was enough: the pinned one stays
-    assert [len(sched.cache.tokens(s)) for s in range(4) if sched.cache.tokens(s)].count(100) == 1
+    assert [len(sched.scheduler.kv.cache.tokens(s)) for s in range(4) if sched.scheduler.kv.cache.tokens(s)].count(100) == 1
     assert "paused" not in c.kinds()
     assert engine.errors == []
 
@@ -85,7 +85,7 @@ def test_refused_plan_releases_pinned_prefix_when_unpinned_is_not_enough(make):
     stats = drive(sched, engine, c.done.is_set)
     assert c.events[-1].kind == "finished" and c.token_ids == expected(tokens, 3)
     evicted = [s.evictions.get("pool_full", 0) for s in stats if s.pool_rejections]
-    assert sum(evicted) == 2 and sched.cache.cached_tokens() <= 202
+    assert sum(evicted) == 2 and sched.scheduler.kv.cache.cached_tokens() <= 202
     assert engine.errors == []
 
 
@@ -121,8 +121,10 @@ def test_refused_plan_with_one_lane_left_never_preempts_it(make):
     plan, _ = step(sched, engine)
     lane = sched.lanes[0]
     # a refusal reported for the only lane: nothing cached to evict, nobody else to requeue
-    with sched._cv:
-        sched._pool_refused(50, 4990, 5000, progressed=False)
+    kv = sched.scheduler.kv
+    kv.used, kv.capacity = 4990, 5000
+    verdict = kv.pool_refused(50, sched.lanes, progressed=False)
+    assert verdict.requeue == [] and verdict.fail is None
     assert sched.lanes == [lane] and lane.state != LaneState.PREEMPTED
     drive(sched, engine, s.done.is_set)
     assert s.events[-1].kind == "finished" and s.token_ids == expected(tokens, 5)

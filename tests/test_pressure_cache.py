@@ -3,7 +3,7 @@
 Unit tests for PSI parsing and levels (plugins/pressure), the pressure-source hook swapped in by a
 TOML ``plugins`` list, the prefix machinery (core/prefix.py), and the real Scheduler with the real
 default policies driving ``FakePrefixEngine``: a fake engine that keeps per-slot KV as token
-lists, honours ``LanePlan.pos/copy_from/restore/keep_parked`` and ``TickPlan.park/drop_parked/
+lists, honours ``LanePlan.pos/seed`` and ``TickPlan.park/drop_parked/
 release``, and reports ``kv_used``/``kv_capacity`` so the watermarks can trigger.
 
 The fake's sampled token depends on the *whole* KV of its slot (a hash of it), so a lane seeded
@@ -27,6 +27,8 @@ from types import SimpleNamespace
 import pytest
 
 import superfluid.core.prefix as prefix_mod
+import superfluid.core.kv as kv_mod
+import superfluid.core.pressure as pressure_mod
 import superfluid.core.scheduler as scheduler_mod
 from superfluid.core.cli import load
 from superfluid.core.engine import Engine, EngineCapabilities, ModelInfo
@@ -36,7 +38,8 @@ from superfluid.core.lane import LaneEvent
 from superfluid.core.plugins import make_plugin_manager
 from superfluid.core.prefix import MIN_HOST_TOKENS, MIN_REUSE, HostTier, SlotCache, common_prefix
 from superfluid.core.request import Request, SamplingParams
-from superfluid.core.scheduler import Scheduler, SchedulerSettings
+from superfluid.core.loop import ModelLoop as Scheduler
+from superfluid.core.settings import SchedulerSettings
 from superfluid.core.tick import LaneResult, StepTiming, TickPlan, TickResult
 from superfluid.plugins.pressure import sources as psrc
 from superfluid.plugins.pressure.sources import OsPressure, level_from, macos_level, parse_psi
@@ -137,16 +140,16 @@ class FakePrefixEngine(Engine):
             if lp.reset:
                 if lp.sampling is None:
                     self.errors.append(f"slot {lp.slot}: reset without sampling params")
-                if lp.restore is not None:
-                    held = self.parked.get(lp.restore) if lp.keep_parked else self.parked.pop(lp.restore, None)
+                if lp.seed.key is not None:
+                    held = self.parked.get(lp.seed.key) if lp.seed.shared else self.parked.pop(lp.seed.key, None)
                     base = list(held) if held is not None else None
-                elif lp.copy_from is not None:
-                    base = list(self.kv.get(lp.copy_from, []))
+                elif lp.seed.slot is not None:
+                    base = list(self.kv.get(lp.seed.slot, []))
                 else:
                     base = list(self.kv.get(lp.slot, []))
                 if base is None or len(base) < lp.pos:
                     self.errors.append(f"slot {lp.slot}: seed holds {None if base is None else len(base)} "
-                                       f"tokens, pos {lp.pos} (restore {lp.restore}, copy {lp.copy_from})")
+                                       f"tokens, pos {lp.pos} (seed {lp.seed})")
                     self.kv.pop(lp.slot, None)
                     result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
                     continue
@@ -305,15 +308,11 @@ def cached_by_slot(sched) -> dict[int, int]:
 # ---- stepping the scheduler by hand (what Scheduler._run does, one iteration per call) ---------
 
 def step(sched: Scheduler, engine: FakePrefixEngine):
-    with sched._cv:
-        plan = sched._plan()
-    if plan.empty():
+    n = len(engine.plans)
+    stats = sched.step()
+    if stats is None:
         return None, None
-    result = engine.run_tick(plan)
-    with sched._cv:
-        stats = sched._commit(plan, result)
-    sched.hook.superfluid_tick_done(model=sched.name, stats=stats)
-    return plan, stats
+    return engine.plans[n], stats
 
 
 def drive(sched, engine, until, max_ticks: int = 300) -> list:
@@ -338,6 +337,19 @@ def run_stepped(sched, engine, tokens, max_tokens, **kw):
     assert sink.events[-1].kind == "finished"
     assert sink.token_ids == expected(tokens, max_tokens)
     return sink, first_lane_plan(engine.plans, n0)[1], stats
+
+
+def _typed(extra, overrides):
+    """Typed settings from the old string keys (temporary shim)."""
+    extra = dict(extra or {})
+    names = {"park": "park", "pressure-high": "pressure_high", "pressure-low": "pressure_low",
+             "pinned-tokens": "pinned_tokens"}
+    for key, field in names.items():
+        if key in extra:
+            overrides[field] = extra.pop(key)
+    if "host-cache-mb" in extra:
+        overrides["host_cache_bytes"] = extra.pop("host-cache-mb") << 20
+    return extra
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
@@ -366,8 +378,9 @@ def make(plugin_manager):
     def factory(engine=None, *, sources=None, start=True, extra=None, **overrides):
         max_batch = overrides.pop("max_batch", 4)
         engine = engine or FakePrefixEngine(max_lanes=max_batch)
+        extra = _typed(extra, overrides)
         settings = SchedulerSettings(max_batch=max_batch, context_length=engine.capabilities.context_length,
-                                     extra=dict(extra or {}), **overrides)
+                                     extra=extra, **overrides)
         sched = Scheduler(f"pc-{uuid.uuid4().hex[:8]}", engine, pm.hook, settings, pressure_sources=sources)
         made.append(sched)
         if start:
@@ -386,8 +399,9 @@ def stepped(make, monkeypatch):
     """stepped(**settings) -> (scheduler (not started), engine, LevelSource, Clock): pressure is read
     at every commit, and the scheduler module's clock only moves when the test advances it."""
     clock = Clock()
-    monkeypatch.setattr(scheduler_mod, "PRESSURE_CHECK_S", 0.0)
-    monkeypatch.setattr(scheduler_mod, "time", SimpleNamespace(monotonic=clock.monotonic, time=time.time,
+    monkeypatch.setattr(pressure_mod, "PRESSURE_CHECK_S", 0.0)
+    for mod in (kv_mod, scheduler_mod):
+      monkeypatch.setattr(mod, "time", SimpleNamespace(monotonic=clock.monotonic, time=time.time,
                                                                sleep=time.sleep, perf_counter=time.perf_counter))
 
     def factory(*, kv_capacity=None, level="ok", **kw):
@@ -514,8 +528,8 @@ class FixedSource:
 
 
 @hookimpl
-def superfluid_pressure_sources(config):
-    return [FixedSource("critical")]
+def superfluid_add_pressure_sources(register, config):
+    register(FixedSource("critical"))
 '''
 
 
@@ -532,7 +546,9 @@ def pressure_plugin(tmp_path, monkeypatch):
 
 
 def all_sources(pm, config) -> list:
-    return [s for group in pm.hook.superfluid_pressure_sources(config=config) for s in group or []]
+    sources = []
+    pm.hook.superfluid_add_pressure_sources(register=sources.append, config=config)
+    return sources
 
 
 def test_toml_plugin_source_replaces_os_pressure(pressure_plugin):
@@ -804,13 +820,13 @@ def test_host_lru_not_refreshed_by_a_lookup_that_imports_nothing(stepped):
     run_stepped(sched, engine, p1, 1)
     run_stepped(sched, engine, p2, 1)                     # p1 -> h1 ("prefix-1")
     _, lp, _ = run_stepped(sched, engine, p3, 1)          # p2 -> h2; p3 imports S from h1
-    assert lp.restore == "prefix-1" and lp.pos == 20
+    assert lp.seed.key == "prefix-1" and lp.pos == 20
     _, lp, _ = run_stepped(sched, engine, p3_next, 1)     # seeded from the slot, not from h1
-    assert lp.restore is None and lp.pos == 100
+    assert lp.seed.key is None and lp.pos == 100
     run_stepped(sched, engine, prompt(700, 100), 1)       # p3_next -> h3; the tier trims one entry
-    assert len(sched.host) == 2
+    assert len(sched.scheduler.kv.host) == 2
     _, lp, _ = run_stepped(sched, engine, p2, 1)
-    assert lp.restore == "prefix-2" and lp.pos == 99
+    assert lp.seed.key == "prefix-2" and lp.pos == 99
 
 
 # =================================================================================================
@@ -829,7 +845,7 @@ def test_finished_lane_leaves_its_slot_cached_and_a_repeat_is_seeded(make, obser
     _, lp2 = run_threaded(sched, engine, p, 3)
     assert lp2.reset and lp2.slot == lp1.slot
     assert lp2.pos == len(p) - 1 and lp2.feed == p[-1:]
-    assert lp2.copy_from is None and lp2.restore is None
+    assert lp2.seed.own
     assert wait_for(lambda: sum(s.cache_hits for s in observer.of(sched.name)) == 1)
     assert sum(s.cache_hit_tokens for s in observer.of(sched.name)) == len(p) - 1
     assert engine.errors == []
@@ -855,7 +871,7 @@ def test_a_short_prompt_sent_again_keeps_its_head_in_place(make, observer):
     _, lp = run_threaded(sched, engine, p, 2)
     assert lp.slot == first.slot and lp.reset
     assert lp.pos == MIN_REUSE - 1 and lp.feed == p[-1:]
-    assert lp.copy_from is None and lp.restore is None
+    assert lp.seed.slot is None and lp.seed.key is None
     assert sum(s.cache_hits for s in observer.of(sched.name)) == 1
 
 
@@ -872,7 +888,7 @@ def test_a_short_head_is_kept_in_place_when_the_slot_cache_is_overwritten(make, 
     _, lp = run_threaded(sched, engine, c, 3)
     assert lp.slot == lp_a.slot and lp.reset
     assert lp.pos == 5 and lp.feed == c[5:]
-    assert lp.copy_from is None and lp.restore is None
+    assert lp.seed.slot is None and lp.seed.key is None
     parked = [slot for plan in engine.plans_snapshot()[n0:] for slot, _ in plan.park]
     assert parked == [lp_a.slot]                        # a's whole cache went to host memory first
     assert engine.errors == []
@@ -896,7 +912,7 @@ def test_burst_sharing_a_prefix_copies_it_from_the_running_lane(make):
     first_b = [lp for plan in plans for lp in plan.lanes if lp.reset and lp.feed[-1] == b[-1]][0]
     assert first_b.pos == 64
     first_a = [lp for plan in plans for lp in plan.lanes if lp.reset and lp.feed[-1] == a[-1]][0]
-    assert first_b.copy_from == first_a.slot or first_b.slot == first_a.slot
+    assert first_b.seed.slot == first_a.slot or first_b.slot == first_a.slot
     assert engine.errors == []
 
 
@@ -908,10 +924,10 @@ def test_evicted_prefix_comes_back_from_host_memory(make):
     parks = [pk for plan in engine.plans_snapshot() for pk in plan.park]
     assert parks == [(0, "prefix-1")]                   # p1's slot went to host memory for p2
     _, lp = run_threaded(sched, engine, p1, 2)
-    assert lp.reset and lp.restore == "prefix-1" and lp.keep_parked and lp.pos == 99
+    assert lp.reset and lp.seed.key == "prefix-1" and lp.seed.shared and lp.pos == 99
     assert "prefix-1" in engine.parked                  # kept parked for other lanes
     assert [pk for plan in engine.plans_snapshot() for pk in plan.park][-1] == (0, "prefix-2")
-    assert len(sched.host) == 2 and engine.errors == []
+    assert len(sched.scheduler.kv.host) == 2 and engine.errors == []
 
 
 def test_watermarks_evict_lru_prefixes_down_to_low_with_hysteresis(make, observer):
@@ -954,8 +970,8 @@ def assert_no_live_slot_released(plans: list[TickPlan]) -> None:
     for i, plan in enumerate(plans):
         for lp in plan.lanes:
             if lp.slot in released:
-                assert lp.reset and lp.copy_from != lp.slot, f"plan {i}: slot {lp.slot} reused without a reset"
-                if lp.copy_from is None and lp.restore is None:
+                assert lp.reset and lp.seed.slot != lp.slot, f"plan {i}: slot {lp.slot} reused without a reset"
+                if lp.seed.slot is None and lp.seed.key is None:
                     assert lp.pos == 0, f"plan {i}: slot {lp.slot} seeded from its own released KV"
                 released.discard(lp.slot)
         live = {lp.slot for lp in plan.lanes}
@@ -990,7 +1006,7 @@ def test_warning_evicts_every_prefix_and_drops_host_memory(stepped):
     P = [prompt(100 * k, 80) for k in range(10)]
     slots = fill(sched, engine, P[1:5])                  # four slots cached
     _, lp, _ = run_stepped(sched, engine, P[5], 1)       # evicts P1 (LRU) to host memory
-    assert lp.slot == slots[0] and len(sched.host) == 1
+    assert lp.slot == slots[0] and len(sched.scheduler.kv.host) == 1
     assert [pk for plan in engine.plans for pk in plan.park] == [(slots[0], "prefix-1")]
     assert "prefix-1" in engine.parked
 
@@ -1007,7 +1023,7 @@ def test_warning_evicts_every_prefix_and_drops_host_memory(stepped):
     assert plan.release == [slots[2], slots[3], slots[0]]   # P3, P4, P5: every cached prefix, LRU order
     assert plan.park == []
     assert engine.parked == {}
-    assert sched.pressure == "ok"
+    assert sched.scheduler.pressure == "ok"
     drive(sched, engine, sink6.done.is_set)
     assert sink6.token_ids == expected(P[6], 3) and "paused" not in sink6.kinds()
 
@@ -1015,9 +1031,9 @@ def test_warning_evicts_every_prefix_and_drops_host_memory(stepped):
     n0 = len(engine.plans)
     fill(sched, engine, P[7:10] + [P[1], P[2]])
     assert not any(plan.park for plan in engine.plans[n0:])
-    assert not any(lp.restore for plan in engine.plans[n0:] for lp in plan.lanes)   # host entries gone
+    assert not any(lp.seed.key for plan in engine.plans[n0:] for lp in plan.lanes)   # host entries gone
     # After the pause (30 s on the scheduler's clock) the host tier is open again.
-    clock.advance(scheduler_mod.HOST_PAUSE_S + 1)
+    clock.advance(kv_mod.HOST_PAUSE_S + 1)
     n0 = len(engine.plans)
     run_stepped(sched, engine, P[3], 1)
     assert [pk for plan in engine.plans[n0:] for pk in plan.park] == [(engine.plans[n0].lanes[0].slot, "prefix-3")]
@@ -1040,7 +1056,7 @@ def test_warning_and_pause_also_stop_watermark_parking(stepped):
     plan, _ = step(sched, engine)
     assert plan.release == [c, d] and plan.park == []               # host memory still closed
     assert not any(plan.park for plan in engine.plans[n0:])
-    assert len(sched.host) == 0 and engine.parked == {}
+    assert len(sched.scheduler.kv.host) == 0 and engine.parked == {}
     assert engine.errors == []
 
 
@@ -1082,7 +1098,7 @@ def test_critical_preempts_decoding_background_lanes_only(stepped):
     assert ag_sink.token_ids == expected(ag_p, 12)
     assert bgp_sink.token_ids == expected(bgp_p, 3)
     assert not any(plan.park for plan in engine.plans)
-    assert not any(lp.restore for plan in engine.plans for lp in plan.lanes)
+    assert not any(lp.seed.key for plan in engine.plans for lp in plan.lanes)
     assert engine.errors == []
 
 
@@ -1176,7 +1192,7 @@ def test_a_branching_lane_copies_the_cache_and_keeps_it_whole(stepped):
     step(sched, engine)
     first = engine.plans[n0]
     (lp,) = first.lanes                                      # b waits: its only slot is a copy source
-    assert lp.copy_from == cached_slot and lp.slot != cached_slot and lp.pos == 30
+    assert lp.seed.slot == cached_slot and lp.slot != cached_slot and lp.pos == 30
     drive(sched, engine, lambda: a.done.is_set() and b.done.is_set())
     assert a.token_ids == expected(branch, 2) and b.token_ids == expected(prompt(700, 40), 2)
     assert engine.errors == []

@@ -22,7 +22,7 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError, InvalidRequest
 from superfluid.core.lane import Lane, LaneState
 from superfluid.core.request import Request
-from superfluid.core.scheduler import SchedulerSettings
+from superfluid.core.settings import SchedulerSettings
 from superfluid.core.textstream import TextStream
 from superfluid.core.tick import StepTiming
 from superfluid.plugins.qos import admission, options, planner
@@ -740,7 +740,7 @@ def test_new_lane_plan_resets_with_its_sampling():
     lane = prefilling("agent", prompt=50)
     lp = grants(plan([lane], costs), [lane])[lane]
     assert lp.reset and lp.sampling is lane.request.sampling and lp.pos == 0
-    assert not lp.decode and lp.restore is None
+    assert not lp.decode and lp.seed.key is None
 
 
 def test_empty_lanes_plan_nothing():

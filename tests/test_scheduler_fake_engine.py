@@ -22,7 +22,8 @@ from superfluid.core.errors import ContextLengthExceeded, ServiceUnavailable, Su
 from superfluid.core.lane import LaneEvent
 from superfluid.core.plugins import make_plugin_manager
 from superfluid.core.request import Request, SamplingParams
-from superfluid.core.scheduler import Scheduler, SchedulerSettings
+from superfluid.core.loop import ModelLoop as Scheduler
+from superfluid.core.settings import SchedulerSettings
 from superfluid.core.tick import LaneResult, StepTiming, TickPlan, TickResult
 
 WAIT = 5.0  # seconds: the most any single wait in these tests may take
@@ -222,6 +223,19 @@ def wait_for(predicate, timeout: float = WAIT) -> bool:
     return predicate()
 
 
+def _typed(extra, overrides):
+    """Typed settings from the old string keys (temporary shim)."""
+    extra = dict(extra or {})
+    names = {"park": "park", "pressure-high": "pressure_high", "pressure-low": "pressure_low",
+             "pinned-tokens": "pinned_tokens"}
+    for key, field in names.items():
+        if key in extra:
+            overrides[field] = extra.pop(key)
+    if "host-cache-mb" in extra:
+        overrides["host_cache_bytes"] = extra.pop("host-cache-mb") << 20
+    return extra
+
+
 @pytest.fixture(scope="module")
 def pm():
     manager = make_plugin_manager()
@@ -237,8 +251,9 @@ def make(pm):
     def factory(engine: FakeEngine | None = None, *, start: bool = True, **overrides):
         max_batch = overrides.pop("max_batch", 4)
         engine = engine or FakeEngine(max_lanes=max_batch)
+        extra = _typed(overrides.pop("extra", None), overrides)
         settings = SchedulerSettings(max_batch=max_batch,
-                                     context_length=engine.capabilities.context_length, **overrides)
+                                     context_length=engine.capabilities.context_length, extra=extra, **overrides)
         sched = Scheduler("fake-test", engine, pm.hook, settings)
         made.append((sched, engine))
         if start:
@@ -264,7 +279,7 @@ def submit(sched: Scheduler, prompt, max_tokens: int, *, qos: str = "agent", log
 def seed_prefill_rate(sched: Scheduler, seconds_per_token: float) -> None:
     """Make the cost model have measured this prefill rate (as many earlier ticks would)."""
     for _ in range(120):
-        sched.costs.observe([StepTiming(prefill_tokens=512, decode_tokens=0,
+        sched.scheduler.costs.observe([StepTiming(prefill_tokens=512, decode_tokens=0,
                                         seconds=512 * seconds_per_token)])
 
 
@@ -439,7 +454,7 @@ def test_long_prompt_split_while_a_lane_is_free(make, rate, chunk):
     assert len(set(ticks)) == len(ticks)            # one chunk per tick
     first_plan = engine.plans_snapshot()[ticks[0]]
     assert first_plan.prefill_budget == chunk
-    assert sched.costs.prefill_per_token() == pytest.approx(rate, rel=1e-3)
+    assert sched.scheduler.costs.prefill_per_token() == pytest.approx(rate, rel=1e-3)
     assert engine.errors == []
 
 
@@ -682,7 +697,7 @@ def test_hook_failure_does_not_hang_the_model(make):
 
 def test_delta_token_ids_exclude_tokens_past_the_end(make):
     sched, _ = make(FakeEngine(max_lanes=2, eog=12), max_batch=2, start=False)
-    sched.costs.observe([StepTiming(prefill_tokens=0, decode_tokens=1, seconds=1e-4)])
+    sched.scheduler.costs.observe([StepTiming(prefill_tokens=0, decode_tokens=1, seconds=1e-4)])
     sched.start()  # decode is cheap, so one tick samples many tokens
     _, stop_sink = submit(sched, [5], 10, stop=("<8>",))
     _, eog_sink = submit(sched, [5], 10)

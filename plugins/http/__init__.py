@@ -10,7 +10,6 @@ from superfluid.core.config import ModelConfig, Option, in_range
 from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
-from . import catchup
 from .fim import FIM_MODEL_NAME
 from .metrics import METRICS
 from .ratelimit import parse_rate
@@ -66,15 +65,14 @@ def superfluid_configure(config):
 
 
 @hookimpl
-def superfluid_frontends(config, daemon):
+def superfluid_add_frontends(register, config, daemon):
     from .frontend import HttpFrontend
-    return [HttpFrontend(daemon, config)]
+    register(HttpFrontend(daemon, config))
 
 
 @hookimpl
 def superfluid_tick_done(model, stats):
-    METRICS.tick_done(model, stats)
-    catchup.wait_for_loop()
+    METRICS.tick_done(model, stats)  # the event loop's catch-up: the front end's LoopCatchup
 
 
 @hookimpl

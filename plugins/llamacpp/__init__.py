@@ -30,6 +30,6 @@ def superfluid_add_config(schema):
 
 
 @hookimpl
-def superfluid_add_engines(registry):
+def superfluid_add_engines(register):
     from .engine import LlamaCppEngine
-    registry.add("llamacpp", LlamaCppEngine)
+    register("llamacpp", LlamaCppEngine)

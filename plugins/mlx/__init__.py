@@ -4,6 +4,6 @@ from superfluid.core.hookspecs import hookimpl
 
 
 @hookimpl
-def superfluid_add_engines(registry):
+def superfluid_add_engines(register):
     from .engine import MlxEngine
-    registry.add("mlx", MlxEngine)
+    register("mlx", MlxEngine)

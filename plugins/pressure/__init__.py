@@ -2,7 +2,7 @@
 
 Linux reads PSI (``/proc/pressure/memory``) and available memory (psutil); macOS reads
 ``kern.memorystatus_vm_pressure_level``. Another plugin can add sources of its own through
-``superfluid_pressure_sources``; ``--no-os-pressure`` turns this one off."""
+``superfluid_add_pressure_sources``; ``--no-os-pressure`` turns this one off."""
 
 from __future__ import annotations
 
@@ -19,5 +19,6 @@ def superfluid_add_config(schema):
 
 
 @hookimpl
-def superfluid_pressure_sources(config):
-    return [OsPressure()] if config["os-pressure"] else []
+def superfluid_add_pressure_sources(register, config):
+    if config["os-pressure"]:
+        register(OsPressure())

@@ -24,8 +24,8 @@ def superfluid_configure(config):
 
 
 @hookimpl
-def superfluid_pick_next(queue, lanes, now, settings):
-    return admission.pick_next(queue, lanes, settings)
+def superfluid_pick_next(queue, lanes, now, settings, free_lanes, pressure):
+    return admission.pick_next(queue, lanes, settings, free_lanes, pressure)
 
 
 @hookimpl
@@ -36,6 +36,11 @@ def superfluid_choose_victim(lane, lanes, settings):
 @hookimpl
 def superfluid_plan_tick(lanes, queue, costs, capabilities, settings, now):
     return planner.plan_tick(lanes, queue, costs, capabilities, settings)
+
+
+@hookimpl
+def superfluid_pressure_victims(level, lanes, settings):
+    return admission.pressure_victims(level, lanes)
 
 
 @hookimpl

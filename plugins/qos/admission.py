@@ -15,7 +15,13 @@ def effective_priority(lane: Lane, starvation_ticks: int) -> int:
     return max(0, qos.priority(lane.qos) - rise)
 
 
-def pick_next(queue: list[Lane], lanes: list[Lane], settings) -> Lane | None:
+def pick_next(queue: list[Lane], lanes: list[Lane], settings, free_lanes: int = 1,
+              pressure: str = "ok") -> Lane | None:
+    """The lane to admit next. With a lane free, by effective priority (aging lifts a lane one
+    class per --starvation-ticks); with none free only a preemption can admit, and the right to
+    preempt is the lane's own class: the most urgent class by its own priority comes first, as
+    aging orders admission but does not take that right away. Under critical OS pressure no
+    background lane is admitted."""
     caps: dict[str, int] = settings.extra.get("class-lanes") or {}
     running: dict[str, int] = {}
     for lane in lanes:
@@ -25,13 +31,16 @@ def pick_next(queue: list[Lane], lanes: list[Lane], settings) -> Lane | None:
     best: Lane | None = None
     best_key = None
     for position, lane in enumerate(queue):
+        if pressure == "critical" and lane.qos == "background":
+            continue
         cap = caps.get(lane.qos)
         if cap is not None and running.get(lane.qos, 0) >= cap:
             continue
         if (floor is not None and not lane.request.batch_invariant
                 and qos.priority(lane.qos) >= floor):
             continue
-        key = (effective_priority(lane, settings.starvation_ticks), position)
+        rank = effective_priority(lane, settings.starvation_ticks) if free_lanes else qos.priority(lane.qos)
+        key = (rank, position)
         if best_key is None or key < best_key:
             best, best_key = lane, key
     return best
@@ -49,3 +58,11 @@ def choose_victim(lane: Lane, lanes: list[Lane]) -> Lane | None:
         return None
     return max(candidates, key=lambda l: (qos.priority(l.qos), not l.is_prefilling,
                                           l.admitted_at or 0.0))
+
+
+def pressure_victims(level: str, lanes: list[Lane]) -> list[Lane]:
+    """Under critical OS pressure every decoding background lane is preempted (its KV is the
+    cheapest to give back: it is not waiting on a prompt it has not finished)."""
+    if level != "critical":
+        return []
+    return [l for l in lanes if l.qos == "background" and not l.is_prefilling and not l.pinned]

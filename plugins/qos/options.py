@@ -1,4 +1,4 @@
-"""The QoS options: class lane caps and parking."""
+"""The QoS options: class lane caps."""
 
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ OPTIONS = [
     Option("class-lanes", dict, {}, "cap the lanes a class may hold, e.g. background=2,agent=6 "
            "(each between 1 and --max-batch)", model_scoped=True, metavar="CLASS=N,...",
            parse=parse_class_lanes),
-    Option("park", bool, False, "park a preempted lane's KV in host memory and restore it on resume "
-           "(otherwise it prefills prompt + generated tokens again)", model_scoped=True),
 ]
 
 

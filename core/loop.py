@@ -1,0 +1,266 @@
+"""A model's loop: its thread and lock, the API front ends call from any thread, and ``step()``.
+
+One thread per model runs ``step()`` (schedule → ``engine.run_tick`` → postprocess →
+``superfluid_tick_done``) while there is work. Front ends call :meth:`ModelLoop.submit`,
+:meth:`cancel` and the prefix calls from their own threads and hear back through each request's
+sink. The loop also owns what happens when the engine fails a tick or its worker dies."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, ServiceUnavailable,
+                     SuperfluidError)
+from .artifacts import SaveOp
+from .lane import Lane
+from .scheduler import Scheduler
+from .settings import SchedulerSettings
+from .stats import snapshot
+from .textstream import TextStream
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .pressure import PressureSource
+    from .request import Request
+    from .stats import TickStats
+
+log = logging.getLogger("superfluid.loop")
+
+MAX_CRASHES = 5            # engine crashes within CRASH_WINDOW_S before a model is given up
+CRASH_WINDOW_S = 60.0
+ARRIVAL_WINDOW_S = 0.010   # longest wait for a burst to arrive when the loop wakes from idle
+ARRIVAL_QUIET_S = 0.003    # a gap this long without a new request ends the wait
+
+
+class ModelLoop:
+    def __init__(self, name: str, engine: Engine, hook, settings: SchedulerSettings,
+                 pressure_sources: list[PressureSource] | None = None):
+        self.name = name
+        self.engine = engine
+        self.hook = hook
+        self.settings = settings
+        self.scheduler = Scheduler(name, engine.capabilities, hook, settings, pressure_sources)
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = self._aborted = False
+        self._close_reason, self._close_code = f"model {name!r} is shutting down", "shutting_down"
+        self._arrivals = 0
+        self._crashes: list[float] = []
+        self._quiet_tick = False  # the tick in flight is a quiet one (TickPlan.quiet)
+
+    @property
+    def lanes(self) -> list[Lane]:
+        return self.scheduler.lanes
+
+    @property
+    def queue(self) -> list[Lane]:
+        return self.scheduler.queue
+
+    # ---- front-end side (any thread) ---------------------------------------------------------
+
+    def submit(self, request: Request) -> Lane:
+        """Queue a request. Raises if it can never run (empty, or longer than the context): the
+        one place the context length is checked."""
+        n, ctx = len(request.prompt_tokens), self.settings.context_length
+        if n == 0:
+            raise SuperfluidError("the prompt is empty", status=400, code="invalid_prompt")
+        if n >= ctx:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has {n} tokens.",
+                param="messages" if request.meta.get("chat") else "prompt")
+        lane = Lane(request=request, text=TextStream(self.engine.token_bytes, request.stop))
+        with self._cv:
+            if self._closed:
+                raise self._closed_error()
+            self.scheduler.add(lane)
+            self._arrivals += 1
+            self._cv.notify()
+            running = self.scheduler.lanes
+            if running and self.hook.superfluid_should_stop_tick(lane=lane, lanes=list(running),
+                                                                 settings=self.settings):
+                self.engine.request_stop()
+            elif self._quiet_tick:  # it promised to yield to a newcomer
+                self.engine.request_yield()
+        return lane
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request wherever it is; a running tick ends at the engine's next step."""
+        with self._cv:
+            if self.scheduler.cancel(request_id):
+                self.engine.request_stop()
+                self._cv.notify()
+
+    def save_prefix(self, tokens: list[int], path: str, timeout: float = 60.0) -> list[int] | None:
+        """Write the cached KV that best covers ``tokens`` to a park artifact at ``path`` (a
+        session's KV, outliving this process). Returns the tokens the artifact holds, or None when
+        nothing of them is cached or the engine cannot persist KV. Blocks until the next tick."""
+        if not self.engine.capabilities.persists_kv:
+            return None
+        op = SaveOp(tokens=list(tokens), path=path)
+        with self._cv:
+            if self._closed and self._thread is not None and not self._thread.is_alive():
+                return None
+            self.scheduler.kv.artifacts.save(op)
+            self._cv.notify()
+        if not op.done.wait(timeout):
+            return None
+        return op.saved
+
+    def pin_prefix(self, tokens: list[int], pin: bool = True) -> None:
+        """Pin (or, with ``pin`` false, unpin) a prompt prefix at runtime: cached KV starting
+        with it is evicted last, like --pin-prompt's."""
+        with self._cv:
+            self.scheduler.kv.pin(list(tokens), pin)
+
+    def adopt_prefix(self, tokens: list[int], path: str) -> bool:
+        """Load a park artifact holding ``tokens`` into the host tier at the next tick, so the next
+        request that starts with them restores instead of prefilling. False if unsupported."""
+        caps = self.engine.capabilities
+        if not (caps.persists_kv and caps.prefix_cache):
+            return False
+        with self._cv:
+            self.scheduler.kv.artifacts.load(path, tokens)
+            self._cv.notify()
+        return True
+
+    def snapshot(self) -> dict:
+        """Per-slot state for /slots."""
+        with self._cv:
+            return snapshot(self.scheduler, time.monotonic())
+
+    def busy(self) -> bool:
+        with self._cv:
+            return self.scheduler.busy()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0, reason: str | None = None, code: str = "shutting_down") -> None:
+        """Stop admitting; let running lanes finish for up to ``timeout`` s, then fail them
+        (503 with ``reason`` and ``code``)."""
+        self._close_reason = reason or f"model {self.name!r} is shutting down"
+        self._close_code = code
+        with self._cv:
+            self._closed = True
+            self.scheduler.fail_queued(self._closed_error())
+            self._cv.notify_all()
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cv:
+                self._aborted = True
+                self._cv.notify_all()
+            self.engine.request_stop()
+            self._thread.join(10)
+
+    @property
+    def running(self) -> bool:
+        """The loop's thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _closed_error(self) -> ServiceUnavailable:
+        return ServiceUnavailable(self._close_reason, code=self._close_code, headers={"Retry-After": "5"})
+
+    # ---- the loop (the model's thread) ----------------------------------------------------------
+
+    def _run(self) -> None:
+        while self._wait_for_work():
+            self.step()
+        log.info("model %s: scheduler stopped", self.name)
+
+    def _wait_for_work(self) -> bool:
+        """Block until there is something to do; False once closed and drained."""
+        sched = self.scheduler
+        with self._cv:
+            while not (self._closed or sched.busy() or sched.kv.has_work()):
+                self._cv.wait()
+            if self._closed and not (sched.lanes or sched.kv.artifacts.has_saves()):
+                return False
+            if not sched.lanes:
+                self._gather_arrivals()
+        return True
+
+    def step(self) -> TickStats | None:
+        """One tick: schedule, run it on the engine, postprocess, tell the observers. Returns its
+        stats, or None when nothing ran (nothing runnable, or the engine failed)."""
+        sched = self.scheduler
+        with self._cv:
+            self.engine.clear_stop()
+            self._quiet_tick = False
+            if self._aborted:
+                sched.fail_running(self._closed_error())
+            try:
+                plan = sched.schedule(time.monotonic(), admit=not self._closed)
+            except Exception as exc:  # a policy hook failed: fail what it touched, keep the thread
+                log.exception("model %s: planning failed", self.name)
+                error = EngineFailure(f"scheduling policy failed: {exc}")
+                sched.fail_running(error)
+                sched.fail_queued(error)
+                return None
+            if plan.empty():  # nothing runnable now (e.g. every queued class at its cap)
+                self._cv.wait(0.05)
+                return None
+            self._quiet_tick = plan.quiet
+        try:
+            result = self.engine.run_tick(plan)
+        except EngineCrashed as exc:  # the worker died: restart it, lanes resume from their tokens
+            log.error("model %s: %s", self.name, exc)
+            self._recover(exc)
+            return None
+        except Exception as exc:  # the engine failed: fail its lanes, keep serving others
+            log.exception("model %s: tick failed", self.name)
+            with self._cv:
+                sched.engine_failed(exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}"))
+            return None
+        with self._cv:
+            self._quiet_tick = False
+            stats = sched.postprocess(plan, result)
+        self.hook.superfluid_tick_done(model=self.name, stats=stats)
+        return stats
+
+    def _gather_arrivals(self) -> None:
+        """Waking from idle, wait a moment for requests sent together to arrive together, so their
+        prefills share the first tick instead of queueing behind one another's (a burst's requests
+        reach the loop a few ms apart). Costs a lone request at most ARRIVAL_WINDOW_S."""
+        deadline = time.monotonic() + ARRIVAL_WINDOW_S
+        seen = self._arrivals
+        while not self._closed and not any(l.request.start_deadline for l in self.scheduler.queue):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cv.wait(min(ARRIVAL_QUIET_S, left))
+            if self._arrivals == seen:  # quiet for a moment: the burst is in
+                return
+            seen = self._arrivals
+
+    def _recover(self, exc: Exception) -> None:
+        """Restart a crashed engine and resume every lane from its prompt + generated tokens, so
+        clients see a pause, not repeated or lost text. Repeated crashes back off, then fail."""
+        now = time.monotonic()
+        self._crashes = [t for t in self._crashes if now - t < CRASH_WINDOW_S] + [now]
+        sched = self.scheduler
+        with self._cv:
+            sched.engine_lost()
+        if len(self._crashes) > MAX_CRASHES:
+            with self._cv:
+                sched.engine_failed(EngineFailure(
+                    f"model {self.name!r}: engine crashed {len(self._crashes)} times in "
+                    f"{CRASH_WINDOW_S:.0f} s; not restarting ({exc})"))
+                sched.fail_queued(EngineFailure(f"model {self.name!r} is down: its engine keeps crashing"))
+                self._closed = True
+            return
+        time.sleep(min(2 ** (len(self._crashes) - 1) * 0.5, 8.0))  # back off before restarting
+        try:
+            self.engine.restart()
+            log.warning("model %s: engine restarted; %d lanes resume", self.name, len(sched.lanes))
+        except Exception as restart_exc:  # noqa: BLE001 - reported to the lanes
+            log.exception("model %s: restart failed", self.name)
+            with self._cv:
+                sched.engine_failed(EngineFailure(f"model {self.name!r}: restart failed: {restart_exc}"))
