@@ -1,0 +1,287 @@
+"""The tick as every engine runs it, inside its worker process: the plan's prelude, seeding reset
+slots, the work list, the step loop with its stop, first-token and quiet rules, and the result.
+
+An engine subclasses :class:`TickRunner` and implements its primitives (its KV, its parked
+copies, its samplers and its steps); nothing here knows an engine."""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from typing import Any, BinaryIO, Callable
+
+from .tick import LanePlan, LaneResult, TickPlan, TickResult
+from .worker_process import stop_requested
+
+
+class PoolFull(Exception):
+    """The KV pool has no room for a step's ``n_tokens`` (a pool shared by all lanes): nothing of
+    the step was kept. The tick ends there with ``TickResult.rejected_tokens`` set."""
+
+    def __init__(self, n_tokens: int):
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
+
+class Work:
+    """A lane's remaining work within one tick.
+
+    ``feed`` is what is left to append to the slot's KV at ``pos``; a step that feeds ``count``
+    of it removes them, moves ``pos`` on and counts them in ``result.n_fed`` (and, unless the
+    lane is ``decoding``, in ``result.n_prefill``); a lane with ``accept`` set hands them to its
+    sampler. When a step empties the feed of a lane that ``sample``s, the engine samples after it
+    and calls :meth:`sampled`. A lane is done when its feed is empty."""
+
+    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
+                 "was_decoding", "replay_from")
+
+    def __init__(self, lp: LanePlan, accept: bool):
+        self.slot = lp.slot
+        self.feed = list(lp.feed)
+        self.sample = lp.sample
+        self.max_new = lp.max_new
+        self.ignore_eos = lp.ignore_eos
+        self.accept = accept  # fed tokens go to the sampler (a fresh penalty or grammar sampler)
+        self.pos = lp.pos
+        self.decoding = lp.decode      # feeds back its own last sampled token
+        self.was_decoding = lp.decode  # decoding when the tick began (it sampled no first token in it)
+        self.replay_from = lp.replay_from
+        self.result = LaneResult(slot=lp.slot)
+
+    def sampled(self, token: int, eog: bool) -> None:
+        """Take a token sampled after the lane's feed (``eog``: it ends a generation). The lane
+        ends at an end-of-generation token unless ``ignore_eos``, or when ``max_new`` tokens are
+        sampled; else the token is its next feed."""
+        self.result.tokens.append(token)
+        self.accept = False  # tokens it sampled itself are already accepted
+        self.decoding = True
+        if eog and not self.ignore_eos:
+            self.result.eog = True
+        elif len(self.result.tokens) < self.max_new:
+            self.feed = [token]
+
+
+def takes_one(w: Work) -> bool:
+    """Feeds exactly one token this step: a decoding lane, or a lane replaying its generation."""
+    return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> int:
+    """Write a park artifact whole or not at all: ``write`` fills ``path.tmp``, which is synced
+    and renamed to ``path``. The bytes written; 0 on failure."""
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            size = os.fstat(f.fileno()).st_size
+        os.replace(tmp, path)
+    except OSError:
+        return 0
+    return size
+
+
+class TickRunner(abc.ABC):
+    """Runs one :class:`~superfluid.core.tick.TickPlan` at a time on an engine (``run``).
+
+    The shared tick, in the plan's documented order: ``park``, ``load``, ``save``,
+    ``drop_parked``, ``release``; then per lane either a reset (the slot seeded from
+    ``lp.seed`` and cut to ``lp.pos``, a fresh sampler; a seed that cannot give those tokens is a
+    ``restore_failed`` and the slot is cleared) or a cut back to ``lp.pos``; then the step loop
+    over the lanes with feed left: before each step the stop or yield flag ends the tick; after
+    it, in an ``end_after_first_token`` tick a lane's first sampled token ends it, and in a
+    ``quiet`` tick so does a lane that ended. Last the result: each lane's counts, parked bytes,
+    seconds and the KV held.
+
+    An engine implements the primitives below. ``self.parked`` (park key -> the engine's host copy
+    of a slot's KV, in whatever form it keeps) and ``self.samplers`` (slot -> its sampler) are
+    shared so that the tick can restore parked KV and drop samplers; the engine's own state
+    (caches, batches, flags per slot) is its own.
+
+    The step primitive is :meth:`advance`: one call may run one step or many. The loop calls it
+    while lanes have feed, one call per round of the loop; an engine that runs several steps in
+    one call (llama.cpp's decode rounds in C) reads ``stop_requested(self.stop_flag)`` between
+    them and returns after a step in which a lane sampled its first token (if
+    ``plan.end_after_first_token``) or a lane ended (if ``plan.quiet``), so the loop's rules see
+    that step as they would a single one.
+
+    A third engine (basert: paged KV, batched decode, rows sampled on a device) plugs in the same
+    way: ``clear_kv``/``cut``/``keep_prefix`` free pages past a position (``keep_prefix`` says
+    whether the slot then holds exactly ``pos`` usable tokens); ``copy`` may share the source's
+    pages up to ``pos`` instead of copying them; ``park``/``restore``/``load``/``save`` move
+    pages to and from host memory and files; ``new_sampler`` writes the lane's sampling
+    parameters into its device row; ``advance`` builds the batch from the active lanes, runs
+    forward passes and samples every row on the device, bringing tokens to the host once per
+    step (or once per several steps, when it finishes the tick itself as above), and updates
+    each :class:`Work` as its docstring says (:meth:`Work.sampled` per sampled token). A step the
+    page pool cannot hold raises :class:`PoolFull`; a step the stop flag aborted returns False."""
+
+    def __init__(self, stop_flag, kv_capacity: int):
+        self.stop_flag = stop_flag  # the worker's shared flag bytes (see core.worker_process)
+        self.kv_capacity = kv_capacity
+        self.parked: dict[str, Any] = {}
+        self.samplers: dict[int, Any] = {}
+
+    # ---- primitives: parked KV -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def park(self, slot: int, key: str) -> int:
+        """Copy a slot's KV into ``self.parked[key]``; the bytes held (0: it could not)."""
+
+    @abc.abstractmethod
+    def load(self, path: str, key: str) -> int:
+        """Read a park artifact file (``save``'s) into ``self.parked[key]``; its size (0: it could
+        not)."""
+
+    @abc.abstractmethod
+    def save(self, key: str, path: str) -> int:
+        """Write ``self.parked[key]`` to a park artifact file (whole or not at all); the bytes
+        written (0: nothing parked under ``key``, or it failed)."""
+
+    def drop(self, key: str) -> None:
+        """Forget parked KV."""
+        self.parked.pop(key, None)
+
+    @abc.abstractmethod
+    def parked_bytes(self) -> int:
+        """All parked KV held in host memory, in bytes."""
+
+    @abc.abstractmethod
+    def restore(self, slot: int, entry: Any) -> bool:
+        """Set a cleared slot's KV from a parked entry (a value of ``self.parked``; the tick has
+        taken it out, or left it there for other lanes); False if it does not fit the slot."""
+
+    # ---- primitives: slots ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def clear_kv(self, slot: int) -> None:
+        """Drop all of a slot's KV."""
+
+    def drop_sampler(self, slot: int) -> None:
+        """Forget a slot's sampler."""
+        self.samplers.pop(slot, None)
+
+    @abc.abstractmethod
+    def copy(self, src: int, dst: int, pos: int) -> None:
+        """Replace ``dst``'s KV with ``src``'s, at least its first ``pos`` tokens (``keep_prefix``
+        cuts the rest)."""
+
+    @abc.abstractmethod
+    def keep_prefix(self, slot: int, pos: int) -> bool:
+        """Cut a just-seeded slot to its first ``pos`` tokens (0: clear it); whether it then holds
+        exactly those, all usable for the next token."""
+
+    @abc.abstractmethod
+    def cut(self, slot: int, pos: int) -> None:
+        """Drop a slot's KV from position ``pos`` on, if it holds any there."""
+
+    @abc.abstractmethod
+    def kv_used(self, touched: set[int]) -> int:
+        """Cells held by all slots after the tick; ``touched`` are the slots it fed, seeded, cut
+        or released (no other slot's count can have changed)."""
+
+    # ---- primitives: sampling and steps --------------------------------------------------------
+
+    @abc.abstractmethod
+    def new_sampler(self, lp: LanePlan) -> None:
+        """Put a fresh sampler for ``lp.sampling`` in ``self.samplers[lp.slot]``, caught up on
+        the tokens already in the KV (``lp.history``, generated from ``lp.replay_from``)."""
+
+    @abc.abstractmethod
+    def accepts(self, slot: int) -> bool:
+        """Whether the slot's sampler must see the prompt tokens fed to the KV (penalties, a
+        grammar): sets ``Work.accept`` for lanes that are not decoding."""
+
+    @abc.abstractmethod
+    def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
+        """Run one step, or several, over the lanes with feed left (``active``, in the plan's
+        order; a step holds at most ``plan.step_tokens`` prefill tokens where that is set), update
+        their :class:`Work` and append a :class:`~superfluid.core.tick.StepTiming` per step to
+        ``result.steps``. False if the stop flag aborted a step (nothing of it kept); raises
+        :class:`PoolFull` if the KV pool cannot hold a step."""
+
+    # ---- the tick ------------------------------------------------------------------------------
+
+    def clear(self, slot: int) -> None:
+        """A released slot, or one whose seed failed: no KV, no sampler."""
+        self.clear_kv(slot)
+        self.drop_sampler(slot)
+
+    def seed(self, lp: LanePlan) -> bool:
+        """Set up a reset slot's KV from ``lp.seed`` so it holds exactly the lane's first
+        ``lp.pos`` tokens; False if the seed cannot give them."""
+        slot, seed = lp.slot, lp.seed
+        self.drop_sampler(slot)
+        if seed.key is not None:
+            self.clear_kv(slot)
+            entry = self.parked.get(seed.key) if seed.shared else self.parked.pop(seed.key, None)
+            if entry is None or not self.restore(slot, entry):
+                return False
+        elif seed.slot is not None:
+            self.copy(seed.slot, slot, lp.pos)
+        return self.keep_prefix(slot, lp.pos)
+
+    def run(self, plan: TickPlan) -> TickResult:
+        t_start = time.perf_counter()
+        result = TickResult()
+        for slot, key in plan.park:
+            result.parked[key] = self.park(slot, key)
+        for path, key in plan.load:
+            result.parked[key] = self.load(path, key)
+        for key, path in plan.save:
+            result.saved[path] = self.save(key, path)
+        for key in plan.drop_parked:
+            self.drop(key)
+        for slot in plan.release:
+            self.clear(slot)
+        work = self._work(plan, result)
+        self._steps(work, plan, result)
+        for w in work:
+            result.lanes[w.slot] = w.result
+        result.parked_bytes = self.parked_bytes()
+        result.seconds = time.perf_counter() - t_start
+        result.kv_used = self.kv_used({lp.slot for lp in plan.lanes}.union(plan.release))
+        result.kv_capacity = self.kv_capacity
+        return result
+
+    def _work(self, plan: TickPlan, result: TickResult) -> list[Work]:
+        """Each lane's slot made ready (seeded and a fresh sampler, or cut back to ``pos``) and its
+        work; a failed seed is reported and gets none."""
+        work: list[Work] = []
+        for lp in plan.lanes:
+            if lp.reset:
+                if not self.seed(lp):
+                    self.clear(lp.slot)
+                    result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
+                    continue
+                self.new_sampler(lp)
+            else:
+                self.cut(lp.slot, lp.pos)
+            work.append(Work(lp, not lp.decode and self.accepts(lp.slot)))
+        return work
+
+    def _steps(self, work: list[Work], plan: TickPlan, result: TickResult) -> None:
+        active = [w for w in work if w.feed]
+        while active:
+            if stop_requested(self.stop_flag):
+                result.stopped_early = True
+                break
+            try:
+                went_on = self.advance(active, plan, result)
+            except PoolFull as full:  # the scheduler frees room and plans the rest again
+                result.rejected_tokens = full.n_tokens
+                result.stopped_early = True
+                break
+            if not went_on:  # aborted mid-step by the stop flag: nothing of that step was kept
+                result.stopped_early = True
+                break
+            if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
+                result.stopped_early = any(w.feed for w in active)
+                break
+            still = [w for w in active if w.feed]
+            if plan.quiet and len(still) < len(active):  # a reply is complete: its client is waiting
+                result.stopped_early = bool(still)
+                break
+            active = still
