@@ -4,6 +4,10 @@ One tick is a loop of engine steps. Each step is one ``llama_decode`` of at most
 tokens holding one token for every decoding lane plus prefill chunks, so prefill and decode of
 all lanes share forward passes. Between steps the shared stop flag is read: a cancelled lane or
 urgent newcomer ends the tick at the next step, and the prefill it did not reach is planned again.
+Steps where every lane feeds back its last token run in C (``_rounds.c``), many to a call.
+
+The tick itself (prelude, seeding, stop and quiet rules, result) is core's
+:class:`~superfluid.core.tick_runner.TickRunner`; this module holds llama.cpp's primitives.
 """
 
 from __future__ import annotations
@@ -17,71 +21,39 @@ import time
 import llama_cpp
 import numpy as np
 
-from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
-from superfluid.core.worker_process import STOP, stop_requested
+from superfluid.core import tick_runner
+from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
+from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
+from superfluid.core.worker_process import STOP
 
 from . import native
 from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
 
 
-class _Work:
-    """A lane's remaining work within one tick."""
-
-    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from")
-
-    def __init__(self, lp: LanePlan, pos: int, accept: bool):
-        self.slot = lp.slot
-        self.feed = list(lp.feed)
-        self.sample = lp.sample
-        self.max_new = lp.max_new
-        self.ignore_eos = lp.ignore_eos
-        self.accept = accept
-        self.pos = pos
-        self.decoding = lp.decode
-        self.was_decoding = lp.decode
-        self.replay_from = lp.replay_from
-        self.result = LaneResult(slot=lp.slot)
-
-
-class _PoolFull(Exception):
-    """``llama_decode`` found no room in the KV pool for a step (return code 1): nothing of the
-    step was kept."""
-
-    def __init__(self, n_tokens: int):
-        super().__init__(n_tokens)
-        self.n_tokens = n_tokens
-
-
-def _slot(w: _Work) -> int:
+def _slot(w: Work) -> int:
     return w.slot
 
 
-def _takes_one(w: _Work) -> bool:
-    """Feeds exactly one token this step: a decoding lane, or a lane replaying its generation."""
-    return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
+class TickRunner(tick_runner.TickRunner):
+    """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-
-class TickRunner:
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int, *,
                  unified: bool = False, n_swa: int = 0, recurrent: bool = False, native_rounds: bool = True):
+        super().__init__(stop_flag, kv_capacity)
         self.model = model
         self.ctx = ctx
         self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.mem = llama_cpp.llama_get_memory(ctx)
         self.n_seq = n_seq
         self.n_ubatch = n_ubatch
-        self.stop_flag = stop_flag
-        self.kv_capacity = kv_capacity
         self.unified = unified      # one pool for all sequences: a copy shares cells instead of buffers
         self.n_swa = n_swa          # sliding window: cells older than it may be gone
         self.recurrent = recurrent  # a recurrent state cannot be cut back
         self.batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
-        self.samplers: dict[int, object] = {}
         self.penalized: set[int] = set()
         self.constrained: set[int] = set()  # grammar lanes: the chain's head is a grammar sampler
         self.greedy: set[int] = set()  # plain argmax lanes: sampled with numpy, no chain
-        self.parked: dict[str, ctypes.Array] = {}  # park key -> a sequence's KV state, in host memory
+        self.parked: dict[str, ctypes.Array]  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.logits = LogitRows(self.n_vocab)
         # asked for every sampled token; the answer per token never changes
@@ -100,15 +72,41 @@ class TickRunner:
 
     # ---- slots ---------------------------------------------------------------------------
 
-    def _clear(self, slot: int) -> None:
+    def clear_kv(self, slot: int) -> None:
         llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
-        self._drop_sampler(slot)
 
-    def _drop_sampler(self, slot: int) -> None:
+    def drop_sampler(self, slot: int) -> None:
         free_sampler(self.samplers.pop(slot, None))
         self.penalized.discard(slot)
         self.constrained.discard(slot)
         self.greedy.discard(slot)
+
+    def cut(self, slot: int, pos: int) -> None:
+        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) >= pos:
+            llama_cpp.llama_memory_seq_rm(self.mem, slot, pos, -1)
+
+    def copy(self, src: int, dst: int, pos: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        if self.unified:  # one pool: the slot shares the source's cells for positions [0, pos)
+            llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, pos)
+        else:  # across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut
+            llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
+    def keep_prefix(self, slot: int, pos: int) -> bool:
+        if not llama_cpp.llama_memory_seq_rm(self.mem, slot, pos, -1):
+            return False  # a recurrent state cannot be cut back to ``pos``
+        if pos == 0:
+            return True
+        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) != pos - 1:
+            return False
+        if self.n_swa > 0:
+            # A sliding-window cache drops cells that fell out of the window of its sequence's
+            # end, so a prefix cut short of that end may lack the cells the next token attends
+            # to (those after pos - n_swa). llama-server's test: seq_pos_min <= max(0, pos - n_swa).
+            low = llama_cpp.llama_memory_seq_pos_min(self.mem, slot)
+            if low > max(0, pos - self.n_swa):
+                return False
+        return True
 
     def kv_used(self, touched) -> int:
         """Cells held, per sequence. In a shared pool a cell two sequences share counts twice (an
@@ -119,7 +117,7 @@ class TickRunner:
             self.used[seq] = top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1 if top >= 0 else 0
         return sum(self.used.values())
 
-    # ---- one tick ---------------------------------------------------------------------------
+    # ---- parked KV -------------------------------------------------------------------------
 
     def park(self, slot: int, key: str) -> int:
         """Copy a sequence's KV to host memory; the bytes held (0 if it could not)."""
@@ -154,141 +152,76 @@ class TickRunner:
         buf = self.parked.get(key)
         if buf is None:
             return 0
-        tmp = f"{path}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(memoryview(buf))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError:
-            return 0
-        return len(buf)
+        return write_atomically(path, lambda f: f.write(memoryview(buf)))
 
-    def restore(self, slot: int, key: str, keep: bool = False) -> bool:
-        """Load parked KV into a slot; ``keep`` leaves it parked for other lanes (a cached prefix)."""
-        buf = self.parked.get(key) if keep else self.parked.pop(key, None)
-        if buf is None:
-            return False
-        return llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(buf), slot) > 0
+    def parked_bytes(self) -> int:
+        return sum(len(b) for b in self.parked.values())
 
-    def _seed(self, lp: LanePlan) -> bool:
-        """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
-        slot = lp.slot
-        self._drop_sampler(slot)
-        seed = lp.seed
-        if seed.key is not None:
-            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
-            if not self.restore(slot, seed.key, keep=seed.shared):
-                return False
-        elif seed.slot is not None:
-            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
-            if self.unified:  # one pool: the slot shares the source's cells for positions [0, pos)
-                llama_cpp.llama_memory_seq_cp(self.mem, seed.slot, slot, 0, lp.pos)
-            else:  # across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut
-                llama_cpp.llama_memory_seq_cp(self.mem, seed.slot, slot, -1, -1)
-        if not llama_cpp.llama_memory_seq_rm(self.mem, slot, lp.pos, -1):
-            return False  # a recurrent state cannot be cut back to ``pos``
-        if lp.pos == 0:
-            return True
-        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) != lp.pos - 1:
-            return False
-        if self.n_swa > 0:
-            # A sliding-window cache drops cells that fell out of the window of its sequence's
-            # end, so a prefix cut short of that end may lack the cells the next token attends
-            # to (those after pos - n_swa). llama-server's test: seq_pos_min <= max(0, pos - n_swa).
-            low = llama_cpp.llama_memory_seq_pos_min(self.mem, slot)
-            if low > max(0, lp.pos - self.n_swa):
-                return False
-        return True
+    def restore(self, slot: int, entry: ctypes.Array) -> bool:
+        return llama_cpp.llama_state_seq_set_data(self.ctx, entry, len(entry), slot) > 0
 
-    def run(self, plan: TickPlan) -> TickResult:
-        t_start = time.perf_counter()
-        result = TickResult()
-        for slot, key in plan.park:
-            result.parked[key] = self.park(slot, key)
-        for path, key in plan.load:
-            result.parked[key] = self.load(path, key)
-        for key, path in plan.save:
-            result.saved[path] = self.save(key, path)
-        for key in plan.drop_parked:
-            self.parked.pop(key, None)
-        for slot in plan.release:
-            self._clear(slot)
-        work: list[_Work] = []
-        for lp in plan.lanes:
-            if lp.reset:
-                if not self._seed(lp):
-                    self._clear(lp.slot)
-                    result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
-                    continue
-                chain = self.samplers[lp.slot] = build_sampler(lp.sampling, self.vocab)
-                if has_grammar(chain, lp.sampling):
-                    self.constrained.add(lp.slot)
-                if lp.sampling.uses_penalties:
-                    self.penalized.add(lp.slot)
-                elif lp.sampling.greedy and lp.slot not in self.constrained:
-                    self.greedy.add(lp.slot)
-                # A fresh sampler catches up on the tokens already in the KV: penalties see them
-                # all, a grammar only the generated ones (from ``replay_from``, the prompt's end).
-                for pos, token in enumerate(lp.history or ()):
-                    self._accept(lp.slot, chain, token, pos, lp.replay_from)
-            elif llama_cpp.llama_memory_seq_pos_max(self.mem, lp.slot) >= lp.pos:
-                llama_cpp.llama_memory_seq_rm(self.mem, lp.slot, lp.pos, -1)
-            accept = (lp.slot in self.penalized or lp.slot in self.constrained) and not lp.decode
-            work.append(_Work(lp, lp.pos, accept))
+    # ---- sampling --------------------------------------------------------------------------
 
-        active = [w for w in work if w.feed]
-        while active:
-            if stop_requested(self.stop_flag):
-                result.stopped_early = True
-                break
-            try:
-                if self.rounds is not None and all(w.decoding for w in active):  # each feeds one token
-                    went_on = self._decode_rounds(active, plan.quiet, result.steps)
-                else:
-                    step = self._step(active, plan.step_tokens)
-                    went_on = step is not None
-                    if went_on:
-                        result.steps.append(step)
-            except _PoolFull as full:  # the scheduler frees room and plans the rest again
-                result.rejected_tokens = full.n_tokens
-                result.stopped_early = True
-                break
-            if not went_on:  # aborted mid-step by the stop flag: nothing of that step was kept
-                result.stopped_early = True
-                break
-            if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
-                result.stopped_early = any(w.feed for w in active)
-                break
-            still = [w for w in active if w.feed]
-            if plan.quiet and len(still) < len(active):  # a reply is complete: its client is waiting
-                result.stopped_early = bool(still)
-                break
-            active = still
-        for w in work:
-            result.lanes[w.slot] = w.result
-        result.parked_bytes = sum(len(b) for b in self.parked.values())
-        result.seconds = time.perf_counter() - t_start
-        touched = {lp.slot for lp in plan.lanes}.union(plan.release)
-        result.kv_used = self.kv_used(touched)
-        result.kv_capacity = self.kv_capacity
-        return result
+    def new_sampler(self, lp: LanePlan) -> None:
+        chain = self.samplers[lp.slot] = build_sampler(lp.sampling, self.vocab)
+        if has_grammar(chain, lp.sampling):
+            self.constrained.add(lp.slot)
+        if lp.sampling.uses_penalties:
+            self.penalized.add(lp.slot)
+        elif lp.sampling.greedy and lp.slot not in self.constrained:
+            self.greedy.add(lp.slot)
+        # A fresh sampler catches up on the tokens already in the KV: penalties see them
+        # all, a grammar only the generated ones (from ``replay_from``, the prompt's end).
+        for pos, token in enumerate(lp.history or ()):
+            self._accept(lp.slot, chain, token, pos, lp.replay_from)
 
-    def _step(self, active: list[_Work], limit: int) -> StepTiming | None:
-        """One forward pass: a token for each decoding lane first, then prefill up to ``limit``."""
+    def accepts(self, slot: int) -> bool:
+        return slot in self.penalized or slot in self.constrained
+
+    def _accept(self, slot: int, chain, token: int, pos: int, generated_from: int | None) -> None:
+        """Feed a token already in the KV (at ``pos``) to a fresh sampler: to all of a plain chain
+        with penalties; to a grammar chain's grammar only if it is generated (``pos`` at or past
+        ``generated_from``, the prompt's length; None: nothing generated yet), to its penalties
+        (if any) always."""
+        if slot not in self.constrained:
+            if slot in self.penalized:
+                llama_cpp.llama_sampler_accept(chain, token)
+        elif generated_from is not None and pos >= generated_from:
+            llama_cpp.llama_sampler_accept(chain, token)
+        elif slot in self.penalized:
+            accept_prompt(chain, token)
+
+    def _sample(self, slot: int, chain, index: int) -> int:
+        """Greedy lanes take the argmax of the logits directly (the first maximum, as llama.cpp's
+        greedy sampler does) instead of building a candidate array for the whole vocabulary."""
+        if slot in self.greedy:
+            return int(self.logits.row(self.ctx, index).argmax())
+        return llama_cpp.llama_sampler_sample(chain, self.ctx, index)
+
+    # ---- steps -----------------------------------------------------------------------------
+
+    def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
+        """Decode rounds in C while every lane feeds back its last token (each feeds one), else
+        one step in Python."""
+        if self.rounds is not None and all(w.decoding for w in active):
+            return self._decode_rounds(active, plan.quiet, result.steps)
+        return self._step(active, plan.step_tokens, result.steps)
+
+    def _step(self, active: list[Work], limit: int, steps: list[StepTiming]) -> bool:
+        """One forward pass: a token for each decoding lane first, then prefill up to ``limit``.
+        Appends its timing; False if the stop flag aborted it."""
         batch = self.batch
-        singles = sum(_takes_one(w) for w in active)
+        singles = sum(takes_one(w) for w in active)
         room = max(self.n_ubatch - singles, 0)
         if limit > 0:  # the limit bounds prefill; every decoding lane still gets its token
             room = min(room, limit)
         room += singles
-        taken: list[tuple[_Work, int, int]] = []  # (work, first batch index, count)
+        taken: list[tuple[Work, int, int]] = []  # (work, first batch index, count)
         n = 0
         decode_tokens = 0
         # Who gets room: decoding lanes first, then prefill in the planner's order ...
-        shares: list[tuple[_Work, int]] = []
-        for w in sorted(active, key=lambda w: not _takes_one(w)):
+        shares: list[tuple[Work, int]] = []
+        for w in sorted(active, key=lambda w: not takes_one(w)):
             if room <= 0:
                 break
             count = min(len(w.feed), room)
@@ -316,7 +249,7 @@ class TickRunner:
         batch.n_tokens = n
         t0 = time.perf_counter()
         if not self._decode(n):
-            return None
+            return False
         for w, first, count in taken:
             fed = w.feed[:count]
             del w.feed[:count]
@@ -332,17 +265,12 @@ class TickRunner:
             if w.feed or not w.sample:
                 continue
             token = self._sample(w.slot, smpl, first + count - 1)
-            w.result.tokens.append(token)
-            w.accept = False  # tokens it sampled itself are already accepted
-            w.decoding = True
-            if self.is_eog(token) and not w.ignore_eos:
-                w.result.eog = True
-            elif len(w.result.tokens) < w.max_new:
-                w.feed = [token]
+            w.sampled(token, self.is_eog(token))
         seconds = time.perf_counter() - t0
-        return StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds)
+        steps.append(StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds))
+        return True
 
-    def _decode_rounds(self, active: list[_Work], quiet: bool, steps: list[StepTiming]) -> bool:
+    def _decode_rounds(self, active: list[Work], quiet: bool, steps: list[StepTiming]) -> bool:
         """The steady state, where every lane feeds back the one token it sampled last: as many
         decode steps as the lanes' grants allow, in one call into C (``_rounds.c``), until every
         lane has ended, the stop or yield flag is raised, or (in a quiet tick) a lane ends. The
@@ -376,32 +304,12 @@ class TickRunner:
 
     def _decode_failed(self, rc: int, n: int) -> bool:
         """A non-zero ``llama_decode`` code for a batch of ``n`` tokens: False if the stop flag
-        aborted it, else the error (no KV room for it: _PoolFull)."""
+        aborted it, else the error (no KV room for it: PoolFull)."""
         if rc == 2 and self.stop_flag[STOP]:
             return False
         if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
-            raise _PoolFull(n)
+            raise PoolFull(n)
         raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
-
-    def _accept(self, slot: int, chain, token: int, pos: int, generated_from: int | None) -> None:
-        """Feed a token already in the KV (at ``pos``) to a fresh sampler: to all of a plain chain
-        with penalties; to a grammar chain's grammar only if it is generated (``pos`` at or past
-        ``generated_from``, the prompt's length; None: nothing generated yet), to its penalties
-        (if any) always."""
-        if slot not in self.constrained:
-            if slot in self.penalized:
-                llama_cpp.llama_sampler_accept(chain, token)
-        elif generated_from is not None and pos >= generated_from:
-            llama_cpp.llama_sampler_accept(chain, token)
-        elif slot in self.penalized:
-            accept_prompt(chain, token)
-
-    def _sample(self, slot: int, chain, index: int) -> int:
-        """Greedy lanes take the argmax of the logits directly (the first maximum, as llama.cpp's
-        greedy sampler does) instead of building a candidate array for the whole vocabulary."""
-        if slot in self.greedy:
-            return int(self.logits.row(self.ctx, index).argmax())
-        return llama_cpp.llama_sampler_sample(chain, self.ctx, index)
 
 
 def host_buffer(size: int) -> ctypes.Array:
