@@ -15,22 +15,25 @@ interrupt a step already running (``aborts_mid_step`` is False).
 
 Parking copies a slot's keys and values to numpy arrays (host memory); restoring builds fresh
 caches from them. A copy from another slot slices that slot's arrays up to the kept length.
+
+The tick itself (prelude, seeding, stop and quiet rules, result) is core's
+:class:`~superfluid.core.tick_runner.TickRunner`; this module holds MLX's primitives.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from superfluid.core.tick import LanePlan, LaneResult, StepTiming, TickPlan, TickResult
-from superfluid.core.worker_process import stop_requested
+from superfluid.core import tick_runner
+from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
+from superfluid.core.tick_runner import Work, takes_one, write_atomically
 
+from .constants import PREFILL_STEP
 from .sampling import LaneSampler
-from .worker import PREFILL_STEP
 
 _LAST_ONLY = {"llama", "mistral", "qwen2", "qwen3"}  # models whose head can run on the last row only
 
@@ -74,42 +77,18 @@ def _batch_views(slot_caches: list[list[KVCache]]) -> list[LaneBatchView]:
     return [LaneBatchView([caches[layer] for caches in slot_caches], pads, mask) for layer in range(n_layers)]
 
 
-class _Work:
-    """A lane's remaining work within one tick."""
+class TickRunner(tick_runner.TickRunner):
+    """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-    __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from")
-
-    def __init__(self, lp: LanePlan, accept: bool):
-        self.slot = lp.slot
-        self.feed = list(lp.feed)
-        self.sample = lp.sample
-        self.max_new = lp.max_new
-        self.ignore_eos = lp.ignore_eos
-        self.accept = accept
-        self.pos = lp.pos
-        self.decoding = lp.decode
-        self.was_decoding = lp.decode
-        self.replay_from = lp.replay_from
-        self.result = LaneResult(slot=lp.slot)
-
-
-def _takes_one(w: _Work) -> bool:
-    """Feeds exactly one token this step: a decoding lane, or a lane replaying its generation."""
-    return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
-
-
-class TickRunner:
     def __init__(self, model, eog: set[int], stop_flag, kv_capacity: int, step_tokens: int = PREFILL_STEP):
+        super().__init__(stop_flag, kv_capacity)
         self.model = model
         self.n_layers = len(model.layers)
         self.eog = eog
-        self.stop_flag = stop_flag
-        self.kv_capacity = kv_capacity
         self.step_tokens = step_tokens
         self.caches: dict[int, list[KVCache]] = {}
-        self.samplers: dict[int, LaneSampler] = {}
-        self.parked: dict[str, tuple[int, list]] = {}  # key -> (tokens, [(keys, values, dtype) per layer])
+        self.samplers: dict[int, LaneSampler]
+        self.parked: dict[str, tuple[int, list]]  # key -> (tokens, [(keys, values, dtype) per layer])
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
         self._last_only = model_type in _LAST_ONLY and hasattr(model, "model")
 
@@ -125,19 +104,35 @@ class TickRunner:
             caches = self.caches[slot] = [KVCache() for _ in range(self.n_layers)]
         return caches
 
-    def _cut(self, slot: int, pos: int) -> None:
+    def cut(self, slot: int, pos: int) -> None:
         for cache in self.caches.get(slot, ()):
             if cache.offset > pos:
                 cache.trim(cache.offset - pos)
 
-    def _clear(self, slot: int) -> None:
+    def clear_kv(self, slot: int) -> None:
         self.caches.pop(slot, None)
-        self.samplers.pop(slot, None)
 
-    def kv_used(self) -> int:
+    def copy(self, src: int, dst: int, pos: int) -> None:
+        """A copy of ``src``'s first ``pos`` tokens: slices of its arrays."""
+        n = min(self.length(src), pos)
+        caches = [KVCache() for _ in range(self.n_layers)]
+        if n:
+            for cache, s in zip(caches, self.caches[src]):
+                cache.state = (s.keys[..., :n, :], s.values[..., :n, :], n)
+        self.caches[dst] = caches
+
+    def keep_prefix(self, slot: int, pos: int) -> bool:
+        if pos == 0:
+            self.caches.pop(slot, None)
+            return True
+        self.cut(slot, pos)
+        return self.length(slot) == pos
+
+    def kv_used(self, touched: set[int] = frozenset()) -> int:
+        """Every slot's cache length (cheap to read: ``touched`` is not needed)."""
         return sum(self.length(s) for s in self.caches)
 
-    # ---- parking ----------------------------------------------------------------------------
+    # ---- parked KV --------------------------------------------------------------------------
 
     @staticmethod
     def _to_host(a: mx.array) -> tuple[np.ndarray, object]:
@@ -150,6 +145,10 @@ class TickRunner:
         arr = mx.array(a)
         return arr.view(dtype) if dtype is not None else arr
 
+    @staticmethod
+    def _nbytes(entry: tuple[int, list]) -> int:
+        return sum(k.nbytes + v.nbytes for k, v, _ in entry[1])
+
     def park(self, slot: int, key: str) -> int:
         """Copy a slot's KV to host memory; the bytes held."""
         n = self.length(slot)
@@ -160,17 +159,13 @@ class TickRunner:
             k, kd = self._to_host(cache.keys[..., :n, :])
             v, _ = self._to_host(cache.values[..., :n, :])
             layers.append((k, v, kd))
-        self.parked[key] = (n, layers)
-        return max(self._parked_size(key), 1)
+        entry = self.parked[key] = (n, layers)
+        return max(self._nbytes(entry), 1)
 
-    def _parked_size(self, key: str) -> int:
-        _, layers = self.parked.get(key, (0, []))
-        return sum(k.nbytes + v.nbytes for k, v, _ in layers)
+    def parked_bytes(self) -> int:
+        return sum(self._nbytes(entry) for entry in self.parked.values())
 
-    def restore(self, slot: int, key: str, keep: bool = False) -> bool:
-        entry = self.parked.get(key) if keep else self.parked.pop(key, None)
-        if entry is None:
-            return False
+    def restore(self, slot: int, entry: tuple[int, list]) -> bool:
         n, layers = entry
         caches = [KVCache() for _ in range(self.n_layers)]
         if n:
@@ -193,8 +188,8 @@ class TickRunner:
             return 0
         if n and len(layers) != self.n_layers:
             return 0
-        self.parked[key] = (n, layers)
-        return max(self._parked_size(key), 1)
+        entry = self.parked[key] = (n, layers)
+        return max(self._nbytes(entry), 1)
 
     def save(self, key: str, path: str) -> int:
         entry = self.parked.get(key)
@@ -205,92 +200,16 @@ class TickRunner:
                   "bf16": np.array(any(d is not None for _, _, d in layers))}
         for i, (k, v, _) in enumerate(layers):
             arrays[f"k{i}"], arrays[f"v{i}"] = k, v
-        tmp = f"{path}.tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            return os.path.getsize(path)
-        except OSError:
-            return 0
+        return write_atomically(path, lambda f: np.savez(f, **arrays))
 
-    def _copy(self, src: int, dst: int, pos: int) -> None:
-        n = min(self.length(src), pos)
-        caches = [KVCache() for _ in range(self.n_layers)]
-        if n:
-            for cache, s in zip(caches, self.caches[src]):
-                cache.state = (s.keys[..., :n, :], s.values[..., :n, :], n)
-        self.caches[dst] = caches
+    # ---- sampling and steps -----------------------------------------------------------------
 
-    def _seed(self, lp: LanePlan) -> bool:
-        """Set up a reset slot's KV so it holds exactly the lane's first ``lp.pos`` tokens."""
-        slot = lp.slot
-        self.samplers.pop(slot, None)
-        seed = lp.seed
-        if seed.key is not None:
-            self.caches.pop(slot, None)
-            if not self.restore(slot, seed.key, keep=seed.shared):
-                return False
-        elif seed.slot is not None:
-            self._copy(seed.slot, slot, lp.pos)
-        if lp.pos == 0:
-            self.caches.pop(slot, None)
-            return True
-        self._cut(slot, lp.pos)
-        return self.length(slot) == lp.pos
+    def new_sampler(self, lp: LanePlan) -> None:
+        self.samplers[lp.slot] = LaneSampler(lp.sampling, lp.history)
 
-    # ---- one tick ---------------------------------------------------------------------------
-
-    def run(self, plan: TickPlan) -> TickResult:
-        t_start = time.perf_counter()
-        result = TickResult()
-        for slot, key in plan.park:
-            result.parked[key] = self.park(slot, key)
-        for path, key in getattr(plan, "load", ()):
-            result.parked[key] = self.load(path, key)
-        for key, path in getattr(plan, "save", ()):
-            result.saved[path] = self.save(key, path)
-        for key in plan.drop_parked:
-            self.parked.pop(key, None)
-        for slot in plan.release:
-            self._clear(slot)
-        work: list[_Work] = []
-        for lp in plan.lanes:
-            if lp.reset:
-                if not self._seed(lp):
-                    self._clear(lp.slot)
-                    result.lanes[lp.slot] = LaneResult(slot=lp.slot, restore_failed=True)
-                    continue
-                self.samplers[lp.slot] = LaneSampler(lp.sampling, lp.history)
-            elif self.length(lp.slot) > lp.pos:
-                self._cut(lp.slot, lp.pos)
-            sampler = self.samplers.get(lp.slot)
-            accept = bool(sampler and sampler.penalized and not lp.decode)
-            work.append(_Work(lp, accept))
-
-        active = [w for w in work if w.feed]
-        while active:
-            if stop_requested(self.stop_flag):
-                result.stopped_early = True
-                break
-            result.steps.append(self._step(active, plan.step_tokens))
-            if plan.end_after_first_token and any(w.result.tokens and not w.was_decoding for w in work):
-                result.stopped_early = any(w.feed for w in active)
-                break
-            still = [w for w in active if w.feed]
-            if plan.quiet and len(still) < len(active):  # a reply is complete: its client is waiting
-                result.stopped_early = bool(still)
-                break
-            active = still
-        for w in work:
-            result.lanes[w.slot] = w.result
-        result.parked_bytes = sum(self._parked_size(k) for k in self.parked)
-        result.seconds = time.perf_counter() - t_start
-        result.kv_used = self.kv_used()
-        result.kv_capacity = self.kv_capacity
-        return result
+    def accepts(self, slot: int) -> bool:
+        sampler = self.samplers.get(slot)
+        return bool(sampler and sampler.penalized)
 
     def _last_logits(self, tokens: mx.array, cache) -> mx.array:
         """Logits of each row's last position (the head runs on the last position only where the
@@ -302,13 +221,15 @@ class TickRunner:
             return self.model.lm_head(h)[:, -1, :]
         return self.model(tokens, cache=cache)[:, -1, :]
 
-    def _step(self, active: list[_Work], limit: int) -> StepTiming:
+    def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
+        """One step (MLX cannot abort one): single-token lanes batched, then prefill chunks."""
         t0 = time.perf_counter()
-        singles = [w for w in active if _takes_one(w)]
+        singles = [w for w in active if takes_one(w)]
+        limit = plan.step_tokens
         room = self.step_tokens if limit <= 0 else min(self.step_tokens, limit)
-        shares: list[tuple[_Work, int]] = []
+        shares: list[tuple[Work, int]] = []
         for w in active:
-            if _takes_one(w):
+            if takes_one(w):
                 continue
             if room <= 0:
                 break
@@ -318,7 +239,7 @@ class TickRunner:
             shares.append((w, count))
             room -= count
 
-        pending: list[tuple[_Work, int, mx.array | None]] = []  # (work, tokens fed, last logits)
+        pending: list[tuple[Work, int, mx.array | None]] = []  # (work, tokens fed, last logits)
         if singles:
             tokens = mx.array([[w.feed[0]] for w in singles])
             if len(singles) == 1:
@@ -337,7 +258,7 @@ class TickRunner:
                 self.model.model(tokens, caches) if self._last_only else self.model(tokens, cache=caches)
                 pending.append((w, count, None))
 
-        drawn: list[tuple[_Work, mx.array]] = []
+        drawn: list[tuple[Work, mx.array]] = []
         outputs: list[mx.array] = []
         decode_tokens = 0
         n_fed = 0
@@ -363,15 +284,10 @@ class TickRunner:
         mx.eval(outputs)
         for w, token in drawn:
             tok = int(token.item())
-            w.result.tokens.append(tok)
             sampler = self.samplers.get(w.slot)
             if sampler:
                 sampler.accept([tok])
-            w.accept = False  # tokens it sampled itself are already accepted
-            w.decoding = True
-            if tok in self.eog and not w.ignore_eos:
-                w.result.eog = True
-            elif len(w.result.tokens) < w.max_new:
-                w.feed = [tok]
-        return StepTiming(prefill_tokens=n_fed - decode_tokens, decode_tokens=decode_tokens,
-                          seconds=time.perf_counter() - t0)
+            w.sampled(tok, tok in self.eog)
+        result.steps.append(StepTiming(prefill_tokens=n_fed - decode_tokens, decode_tokens=decode_tokens,
+                                       seconds=time.perf_counter() - t0))
+        return True

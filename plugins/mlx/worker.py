@@ -11,7 +11,7 @@ import attrs
 
 from superfluid.core.worker_process import serve_ticks
 
-PREFILL_STEP = 2048  # tokens per prefill pass (the spec's "2048-token passes")
+from .constants import PREFILL_STEP
 
 
 @attrs.define(frozen=True)
