@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from superfluid.core.request import SamplingParams
-from superfluid.core.tick import LanePlan, TickPlan
+from superfluid.core.tick import LanePlan, Seed, TickPlan
 from superfluid.plugins.llamacpp.worker import WorkerSpec, main
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -126,7 +126,7 @@ def test_parked_kv_restores_into_another_slot_and_generation_continues(tick):
     parked = tick(TickPlan(park=[(0, "k")], release=[0]))
     assert parked.parked["k"] > 0 and parked.parked_bytes == parked.parked["k"] and parked.kv_used == 0
     resumed = tick(TickPlan(lanes=[LanePlan(slot=1, pos=len(prompt) + 7, feed=[first[-1]], sample=True,
-                                            max_new=8, reset=True, restore="k", sampling=GREEDY,
+                                            max_new=8, reset=True, seed=Seed(key="k"), sampling=GREEDY,
                                             decode=True, ignore_eos=True)]))
     assert not resumed.lanes[1].restore_failed
     assert first + resumed.lanes[1].tokens == whole

@@ -21,7 +21,7 @@ mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install '
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'superfluid[mlx]')")
 
 from superfluid.core.request import SamplingParams  # noqa: E402
-from superfluid.core.tick import LanePlan, TickPlan  # noqa: E402
+from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.mlx import loader  # noqa: E402
 from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
 from superfluid.plugins.mlx.sampling import LaneSampler  # noqa: E402
@@ -135,14 +135,14 @@ def test_park_restore_copy_and_files(tiny, tmp_path):
     runner.run(TickPlan(load=[(str(tmp_path / "k.npz"), "k2")]))
     seq = toks + first
     n_kv = len(seq) - 1  # the last sampled token was never fed
-    rest = _generate(runner, {5: seq}, 10, pos=n_kv, restore="k2")[0][5]
+    rest = _generate(runner, {5: seq}, 10, pos=n_kv, seed=Seed(key="k2"))[0][5]
     assert first + rest == reference
 
-    # copy_from: a new lane seeded with the first 8 prompt tokens of slot 5's KV.
-    out = _generate(runner, {6: toks}, 16, pos=8, copy_from=5)[0][6]
+    # Seed(slot=5): a new lane seeded with the first 8 prompt tokens of slot 5's KV.
+    out = _generate(runner, {6: toks}, 16, pos=8, seed=Seed(slot=5))[0][6]
     assert out == reference
     missing = runner.run(TickPlan(lanes=[LanePlan(slot=7, pos=3, feed=[1], sample=True, max_new=1, reset=True,
-                                                  sampling=GREEDY, restore="nope")]))
+                                                  sampling=GREEDY, seed=Seed(key="nope"))]))
     assert missing.lanes[7].restore_failed
 
 
@@ -349,7 +349,7 @@ def test_mlx_engine_registered_by_entry_point():
     from superfluid.core.plugins import make_plugin_manager
 
     registry = EngineRegistry()
-    make_plugin_manager().hook.superfluid_add_engines(registry=registry)
+    make_plugin_manager().hook.superfluid_add_engines(register=registry.add)
     assert "mlx" in registry.names() and "llamacpp" in registry.names()
 
 
