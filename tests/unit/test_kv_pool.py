@@ -1,73 +1,40 @@
 """Replan: a plan the engine's shared KV pool cannot hold is refused (TickResult.rejected_tokens)
-and the scheduler frees room (cached prefixes, unpinned first, pinned last; then the newest
-lanes, requeued) and plans again. Requests beyond what the pool holds queue; none fails.
+and the KV manager frees room (cached prefixes, unpinned first, pinned last; then the newest
+lanes, requeued) and the scheduler plans again. Requests beyond what the pool holds queue; none
+fails.
 
-The real Scheduler and qos policies drive FakePoolEngine: the prefix-cache fake of
-test_pressure_cache with a pool of ``pool`` cells that refuses a whole tick whose tokens do not
-fit (it applies the plan's parks, releases and seeds, as the llama.cpp runner does before its
-first step, and feeds nothing)."""
+The real scheduler and qos policies, stepped through ``ModelLoop.step()``, drive
+``FakePoolEngine`` (``fakes.py``): the fake engine with a prefix cache and a pool of ``pool``
+cells that refuses a whole tick whose tokens do not fit (it applies the plan's parks, releases
+and seeds, as the llama.cpp runner does before its first step, and feeds nothing)."""
 
 from __future__ import annotations
 
-import copy
-
 from superfluid.core.lane import LaneState
-from superfluid.core.tick import LaneResult
 
-from .test_pressure_cache import (FakePrefixEngine, drive, expected, make, observer,  # noqa: F401
-                                  plugin_manager, prompt, step, submit)
+from .fakes import FakePoolEngine, drive, expected, prompt, step, submit
 
-NO_WATERMARKS = {"pressure-high": 1.0, "pressure-low": 0.9}
-
-
-class FakePoolEngine(FakePrefixEngine):
-    def __init__(self, *, pool: int, **kw):
-        super().__init__(kv_capacity=pool, **kw)
-        self.pool = pool
-        self.refused = 0
-        self.live_peak = 0
-
-    def run_tick(self, plan):
-        held = {s: len(v) for s, v in self.kv.items() if s not in plan.release}
-        for lp in plan.lanes:
-            held[lp.slot] = lp.pos
-        need = sum(len(lp.feed) + (lp.max_new - 1 if lp.sample else 0) for lp in plan.lanes)
-        self.live_peak = max(self.live_peak, len(plan.lanes))
-        if not plan.lanes or sum(held.values()) + need <= self.pool:
-            return super().run_tick(plan)
-        self.refused += 1
-        bare = copy.deepcopy(plan)
-        for lp in bare.lanes:
-            lp.feed, lp.sample, lp.max_new = [], False, 0
-        n_errors = len(self.errors)
-        result = super().run_tick(bare)
-        del self.errors[n_errors:]  # "empty feed": the bare plan feeds nothing on purpose
-        with self._lock:
-            self.plans[-1] = copy.deepcopy(plan)
-        result.lanes = {lp.slot: LaneResult(slot=lp.slot) for lp in plan.lanes}
-        result.rejected_tokens = need
-        result.stopped_early = True
-        result.steps = []
-        return result
+NO_WATERMARKS = dict(pressure_high=1.0, pressure_low=0.9)
 
 
 def test_refused_plan_evicts_unpinned_prefixes_first_then_pinned(make, observer):
     system = prompt(1000, 40)
     engine = FakePoolEngine(pool=300, max_lanes=4)
-    sched, engine = make(engine, start=False, extra={**NO_WATERMARKS, "pinned-tokens": [system]})
-    _, a = submit(sched, system + prompt(100, 60), 1)      # pinned cache, 100 tokens
-    drive(sched, engine, a.done.is_set)
-    _, b = submit(sched, prompt(300, 90), 1)               # unpinned cache, 90 tokens
-    drive(sched, engine, b.done.is_set)
-    assert sched.scheduler.kv.cache.cached_tokens() == 190
+    loop, engine = make(engine, start=False, pinned_tokens=[system], **NO_WATERMARKS)
+    _, a = submit(loop, system + prompt(100, 60), 1)      # pinned cache, 100 tokens
+    drive(loop, engine, a.done.is_set)
+    _, b = submit(loop, prompt(300, 90), 1)               # unpinned cache, 90 tokens
+    drive(loop, engine, b.done.is_set)
+    assert loop.scheduler.kv.cache.cached_tokens() == 190
     tokens = prompt(500, 150)
-    _, c = submit(sched, tokens, 4)                        # 154 more: 344 > 300
-    stats = drive(sched, engine, c.done.is_set)
+    _, c = submit(loop, tokens, 4)                        # 154 more: 344 > 300
+    stats = drive(loop, engine, c.done.is_set)
     assert c.events[-1].kind == "finished" and c.token_ids == expected(tokens, 4)
     refusals = [s for s in stats if s.pool_rejections]
     assert refusals and refusals[0].evictions == {"pool_full": 1}
     # the unpinned cache went first and that was enough: the pinned one stays
-    assert [len(sched.scheduler.kv.cache.tokens(s)) for s in range(4) if sched.scheduler.kv.cache.tokens(s)].count(100) == 1
+    cache = loop.scheduler.kv.cache
+    assert [len(cache.tokens(s)) for s in range(4) if cache.tokens(s)].count(100) == 1
     assert "paused" not in c.kinds()
     assert engine.errors == []
 
@@ -75,17 +42,17 @@ def test_refused_plan_evicts_unpinned_prefixes_first_then_pinned(make, observer)
 def test_refused_plan_releases_pinned_prefix_when_unpinned_is_not_enough(make):
     system = prompt(1000, 40)
     engine = FakePoolEngine(pool=260, max_lanes=4)
-    sched, engine = make(engine, start=False, extra={**NO_WATERMARKS, "pinned-tokens": [system]})
-    _, a = submit(sched, system + prompt(100, 60), 1)      # pinned, 100
-    drive(sched, engine, a.done.is_set)
-    _, b = submit(sched, prompt(300, 30), 1)               # unpinned, 30
-    drive(sched, engine, b.done.is_set)
+    loop, engine = make(engine, start=False, pinned_tokens=[system], **NO_WATERMARKS)
+    _, a = submit(loop, system + prompt(100, 60), 1)      # pinned, 100
+    drive(loop, engine, a.done.is_set)
+    _, b = submit(loop, prompt(300, 30), 1)               # unpinned, 30
+    drive(loop, engine, b.done.is_set)
     tokens = prompt(500, 200)
-    _, c = submit(sched, tokens, 3)                        # needs 202: only with both caches gone
-    stats = drive(sched, engine, c.done.is_set)
+    _, c = submit(loop, tokens, 3)                        # needs 202: only with both caches gone
+    stats = drive(loop, engine, c.done.is_set)
     assert c.events[-1].kind == "finished" and c.token_ids == expected(tokens, 3)
     evicted = [s.evictions.get("pool_full", 0) for s in stats if s.pool_rejections]
-    assert sum(evicted) == 2 and sched.scheduler.kv.cache.cached_tokens() <= 202
+    assert sum(evicted) == 2 and loop.scheduler.kv.cache.cached_tokens() <= 202
     assert engine.errors == []
 
 
@@ -94,10 +61,10 @@ def test_requests_beyond_the_pool_queue_and_all_complete(make, observer):
     newest lanes are requeued (paused, then resumed), admission holds at what the pool holds,
     and every request completes with the tokens it gets alone."""
     engine = FakePoolEngine(pool=600, max_lanes=8)
-    sched, engine = make(engine, start=False, max_batch=8, extra=dict(NO_WATERMARKS))
+    loop, engine = make(engine, start=False, max_batch=8, **NO_WATERMARKS)
     prompts = [prompt(100 * i + 7, 150) for i in range(8)]
-    sinks = [submit(sched, p, 30)[1] for p in prompts]
-    stats = drive(sched, engine, lambda: all(s.done.is_set() for s in sinks), max_ticks=2000)
+    sinks = [submit(loop, p, 30)[1] for p in prompts]
+    stats = drive(loop, engine, lambda: all(s.done.is_set() for s in sinks), max_ticks=2000)
     for p, s in zip(prompts, sinks):
         assert s.events[-1].kind == "finished", s.kinds()
         assert s.token_ids == expected(p, 30)
@@ -115,20 +82,22 @@ def test_requests_beyond_the_pool_queue_and_all_complete(make, observer):
 def test_refused_plan_with_one_lane_left_never_preempts_it(make):
     """A lane alone in the pool is never requeued by a refusal (the pool holds one lane)."""
     engine = FakePoolEngine(pool=5000, max_lanes=2)
-    sched, engine = make(engine, start=False, max_batch=2, extra=dict(NO_WATERMARKS))
+    loop, engine = make(engine, start=False, max_batch=2, **NO_WATERMARKS)
     tokens = prompt(3, 100)
-    _, s = submit(sched, tokens, 5)
-    plan, _ = step(sched, engine)
-    lane = sched.lanes[0]
+    _, s = submit(loop, tokens, 5)
+    plan, _ = step(loop, engine)
+    lane = loop.lanes[0]
     # a refusal reported for the only lane: nothing cached to evict, nobody else to requeue
-    kv = sched.scheduler.kv
+    kv = loop.scheduler.kv
     kv.used, kv.capacity = 4990, 5000
-    verdict = kv.pool_refused(50, sched.lanes, progressed=False)
+    verdict = kv.pool_refused(50, loop.lanes, progressed=False)
     assert verdict.requeue == [] and verdict.fail is None
-    assert sched.lanes == [lane] and lane.state != LaneState.PREEMPTED
-    drive(sched, engine, s.done.is_set)
+    assert loop.lanes == [lane] and lane.state != LaneState.PREEMPTED
+    drive(loop, engine, s.done.is_set)
     assert s.events[-1].kind == "finished" and s.token_ids == expected(tokens, 5)
 
+
+# ---- the pool's layout and options ------------------------------------------------------------------
 
 def test_llamacpp_layout_with_a_forced_and_capped_pool():
     from superfluid.plugins.llamacpp.worker import layout
