@@ -4,7 +4,7 @@ No scheduler thread and no engine: each test builds Lane objects from Requests, 
 state it needs (slot, n_cached, generated tokens, waited ticks, admission time) and calls one
 policy function: class vocabulary (core/qos.py), admission order and preemption victims
 (admission.py), tick planning (planner.py) with a real CostModel fed StepTimings, and the
-``--class-lanes`` option (options.py). Scheduler-level behaviour is in test_scheduler_fake_engine.py.
+``--class-lanes`` option (options.py). Scheduler-level behaviour is in test_scheduler.py.
 """
 
 from __future__ import annotations
