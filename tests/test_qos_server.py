@@ -111,6 +111,53 @@ def test_batch_invariant_output_equals_alone(start_server):
     assert loaded["choices"][0]["text"] == alone["choices"][0]["text"]
 
 
+def test_batch_invariant_lane_is_not_seeded_from_cached_kv(start_server):
+    """KV cached beside other traffic must not seed a batch-invariant lane: its output may not
+    depend on what ran next to it. The same prompt without the header reuses the cache."""
+    srv = start_server("--max-batch", "4", "--http-allow-batch-invariant")
+    prompt = ("<|im_start|>system\nYou are a careful assistant who answers in full sentences.<|im_end|>\n"
+              "<|im_start|>user\nName three rivers in Europe.<|im_end|>\n<|im_start|>assistant\n")
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0}
+    with cf.ThreadPoolExecutor(3) as pool:  # the prefix is computed beside other lanes
+        side = [pool.submit(complete, srv.base, f"<|im_start|>user\nCount to {i}.<|im_end|>\n", 24)
+                for i in range(2)]
+        status, first, _ = post(srv.base, "/v1/completions", body)
+        for f in side:
+            f.result(timeout=120)
+    assert status == 200
+    status, invariant, _ = post(srv.base, "/v1/completions", body, {"x-superfluid-batch-invariant": "true"})
+    assert status == 200
+    assert invariant["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    status, again, _ = post(srv.base, "/v1/completions", body)
+    assert status == 200
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the cache was there to take
+
+
+def test_aged_agents_do_not_take_an_interactive_requests_right_to_preempt(start_server):
+    """More agents than lanes: the queued ones age past the starvation bound (one tick here) and
+    tie with an interactive chat. The chat still preempts a running agent (aging orders
+    admission; it does not take a class's right to preempt), so it ends before any agent does."""
+    srv = start_server("--max-batch", "2", "--starvation-ticks", "1", "--no-park")
+    done: list[tuple[str, float]] = []
+
+    def agent(i):
+        complete(srv.base, f"<|im_start|>user\nWrite story number {i} about a harbour.<|im_end|>\n"
+                           "<|im_start|>assistant\n", 96, "agent")
+        done.append(("agent", time.monotonic()))
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        agents = [pool.submit(agent, i) for i in range(4)]
+        wait_for(lambda: srv.get_json("/slots")["models"]["smollm2"]["queued"] == 2, what="two queued agents")
+        ticks = srv.get_json("/slots")["models"]["smollm2"]["ticks"]
+        wait_for(lambda: srv.get_json("/slots")["models"]["smollm2"]["ticks"] >= ticks + 3, what="aging ticks")
+        complete(srv.base, "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n", 8, "interactive")
+        done.append(("chat", time.monotonic()))
+        for f in agents:
+            f.result(timeout=180)
+    assert done[0][0] == "chat", f"the chat waited for an agent to finish: {[who for who, _ in done]}"
+    assert metric(srv, "superfluid_preemptions_total") >= 1
+
+
 @pytest.fixture(scope="module")
 def tiny_fim_model(tmp_path_factory):
     return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-fim.gguf", quant="Q8_0"))

@@ -7,6 +7,12 @@ interactive class. Reports the chat's time to first token on each target.
 Targets run one after the other (the workload saturates the machine). The chat is sent once
 every agent request is in flight (after ``--chat-delay`` seconds) with ``x-superfluid-qos:
 interactive``; servers that do not know the header ignore it.
+
+More agents than lanes, with short prompts and long replies, is the queue-aging shape: the
+queued agents age while the lanes decode, and the chat must still preempt one of them:
+
+    python -m tools.bench.agents_chat --target superfluid=http://127.0.0.1:8080 \\
+        --agents 14 --prompt-tokens 40 --agent-tokens 400 --ignore-eos --chat-delay 12
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ def agent_prompt(index: int, approx_tokens: int) -> str:
             "<|im_start|>assistant\n")
 
 
-async def _agent(session, base, model, prompt, max_tokens, timeout):
+async def _agent(session, base, model, prompt, max_tokens, timeout, ignore_eos=False):
     t0 = time.monotonic()
-    async with session.post(f"{base}/v1/completions", json={
-            "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if ignore_eos:  # llama.cpp's extension: the reply runs its whole length
+        body["ignore_eos"] = True
+    async with session.post(f"{base}/v1/completions", json=body,
             headers={"x-superfluid-qos": "agent"}, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
         body = await r.json(content_type=None)
         ok = r.status == 200
@@ -68,7 +76,8 @@ async def run_target(name, base, args):
         model = args.model or await first_model(session, base, 30)
         prompts = [agent_prompt(i, args.prompt_tokens) for i in range(args.agents)]
         t0 = time.monotonic()
-        agents = [asyncio.create_task(_agent(session, base, model, p, args.agent_tokens, args.timeout))
+        agents = [asyncio.create_task(_agent(session, base, model, p, args.agent_tokens, args.timeout,
+                                             args.ignore_eos))
                   for p in prompts]
         await asyncio.sleep(args.chat_delay)
         chat = await _chat(session, base, model, args.timeout)
@@ -88,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=6000, help="approximate agent prompt length")
     ap.add_argument("--agent-tokens", type=int, default=16, help="agent reply length")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="agents reply their whole --agent-tokens (ignore_eos), so they hold their lanes")
     ap.add_argument("--chat-delay", type=float, default=2.0, help="seconds between the agents and the chat")
     ap.add_argument("--model")
     ap.add_argument("--timeout", type=float, default=900)
