@@ -124,7 +124,7 @@ def core_options() -> list[Option]:
         Option("starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks",
                in_range(1, 100000), model_scoped=True, metavar="N"),
         Option("pressure-high", float, 0.85, "KV pool occupancy (of the cells lanes can hold) at which "
-               "cached prefixes are evicted: 0.85, 85 or 85%", in_range(0.05, 1.0), model_scoped=True,
+               "cached prefixes are evicted (0.85, or 85 as a percentage)", in_range(0.05, 1.0), model_scoped=True,
                metavar="FRACTION", parse=parse_fraction),
         Option("pressure-low", float, 0.70, "occupancy that eviction brings the KV pool down to",
                in_range(0.0, 1.0), model_scoped=True, metavar="FRACTION", parse=parse_fraction),

@@ -335,3 +335,25 @@ def test_serve_help_lists_flags(capsys):
                  "--starvation-ticks", "--model", "--engine", "--host", "--port", "--config",
                  "--http-default-qos", "--no-http-qos-header"):
         assert flag in out, flag
+
+
+# ---- fractions: the pressure watermarks ---------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["85", "85%", "0.85", " 85 % ".strip()])
+def test_pressure_high_as_fraction_or_percentage_flag(flag):
+    config, _ = load(["serve", "--pressure-high", flag])
+    assert config.models[0]["pressure-high"] == pytest.approx(0.85)
+
+
+@pytest.mark.parametrize("value", ["85", '"85%"', "0.85"])
+def test_pressure_high_as_fraction_or_percentage_toml(tmp_path, value):
+    config, _ = load_file(tmp_path, f"pressure-high = {value}\npressure-low = \"60%\"\n")
+    assert config.models[0]["pressure-high"] == pytest.approx(0.85)
+    assert config.models[0]["pressure-low"] == pytest.approx(0.60)
+
+
+@pytest.mark.parametrize("flag, needle", [("abc", "percentage"), ("150%", "between"), ("-5", "between")])
+def test_pressure_high_bad_values_name_the_flag(flag, needle):
+    with pytest.raises(ConfigError) as exc:
+        load(["serve", "--pressure-high", flag])
+    assert "pressure-high" in str(exc.value) and needle in str(exc.value)
