@@ -130,3 +130,21 @@ def test_prefix_evicted_to_host_memory_comes_back(start_server):
     assert from_host["choices"][0]["text"] == from_pool["choices"][0]["text"]
     assert metric(srv, "superfluid_prefix_cache_hit_tokens_total") - hits >= cold["usage"]["prompt_tokens"] - 1
     assert metric(srv, "superfluid_prefill_tokens_total") - before <= 2
+
+
+def test_default_watermark_fires_when_lanes_fill_the_pool(start_server):
+    """Occupancy is measured against the cells the lanes can hold, so the default --pressure-high
+    (85 %) fires in the per-sequence layout: two cached prefixes of ~87 % of two lanes' cells
+    evict the older one down to --pressure-low (70 %)."""
+    srv = start_server("--max-batch", "2", "--max-context", "512")
+    words = " ".join(f"item{i}" for i in range(136))  # ~440 tokens with the template
+    prompts = [f"<|im_start|>user\nList {n}: {words}<|im_end|>\n<|im_start|>assistant\n" for n in ("A", "B")]
+    for prompt in prompts:  # one after the other: each leaves its KV cached in its slot
+        out, _ = post(srv, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        assert 400 < out["usage"]["prompt_tokens"] < 500
+    snap = srv.get_json("/slots")["models"]["smollm2"]
+    assert snap["kv_capacity"] == 2 * 512  # the lanes' cells, not the spare sequences'
+    evicted = sum(v for k, v in srv.metrics().items()
+                  if k.startswith("superfluid_prefix_evictions") and 'reason="watermark"' in k)
+    assert evicted >= 1
+    assert snap["kv_cached"] <= 0.70 * snap["kv_capacity"]

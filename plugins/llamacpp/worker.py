@@ -47,6 +47,13 @@ def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: in
     return n_seq, max(cells, max_context), True
 
 
+def lane_cells(n_ctx: int, n_seq: int, n_lanes: int, unified: bool) -> int:
+    """The KV capacity occupancy is measured against: the cells the lanes can hold. A shared
+    pool is all of it; per-sequence buffers count only the lanes' own (the two spare sequences
+    hold nothing), so a full batch of full lanes reads as 100 %, and the watermarks can fire."""
+    return n_ctx if unified else n_ctx // n_seq * n_lanes
+
+
 def abort_on_flag(cparams, stop_flag) -> None:
     """Make llama.cpp abort a running ``llama_decode`` as soon as the stop flag is set.
 
@@ -119,7 +126,8 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
-    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag, n_ctx_real, unified=unified,
+    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
+                        lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,

@@ -26,10 +26,10 @@ class WorkerSpec:
 
 
 def kv_cells(max_lanes: int, max_context: int) -> int:
-    """The pool the scheduler's pressure watermarks see: lanes + 2 sequences (4..256) of
-    max-context cells each, as the llama.cpp adapter sizes its per-sequence buffers. MLX
-    allocates each slot's cache as it grows (256 cells at a time), so this is a budget."""
-    return min(max(max_lanes + 2, 4), 256) * max_context
+    """The pool the scheduler's pressure watermarks see: max-context cells per lane (a full
+    batch of full lanes is 100 %). MLX allocates each slot's cache as it grows (256 cells at a
+    time), so this is a budget."""
+    return max_lanes * max_context
 
 
 def main(conn, stop_flag, spec: WorkerSpec) -> None:
