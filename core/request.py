@@ -16,6 +16,31 @@ def new_request_id(prefix: str = "req") -> str:
 
 
 @attrs.define(frozen=True)
+class JsonChoice:
+    """One way a constrained reply may go: the literal text ``lead``, then one JSON value that
+    ``schema`` (a JSON Schema, not to be mutated) accepts. The schema takes no part in the hash,
+    so the value stays hashable (engines cache what they build from it); equality compares it."""
+
+    lead: str
+    schema: dict = attrs.field(hash=False)
+
+
+@attrs.define(frozen=True)
+class JsonConstraint:
+    """Generated text held to JSON Schemas, in terms any engine can implement: one of ``choices``
+    (its lead, then a JSON value its schema accepts), then the literal ``tail``, then only
+    end-of-generation. A front end describes what it needs this way (a forced tool call's rest
+    after its pre-fill: one choice per tool it may name, the call's closing as the tail; a
+    response format: one choice with no lead) and each engine converts it to its own form
+    (llama.cpp: a GBNF grammar, see ``plugins/llamacpp/grammar.py``). A schema the engine cannot
+    express constrains its value to any JSON object instead (what tool arguments and response
+    formats are), rather than failing the request."""
+
+    choices: tuple[JsonChoice, ...]
+    tail: str = ""
+
+
+@attrs.define(frozen=True)
 class SamplingParams:
     """Per-request sampling, applied by the engine's own sampler so that greedy output matches
     the runtime. ``temperature <= 0`` means greedy.
@@ -25,7 +50,12 @@ class SamplingParams:
     the grammar is complete only end-of-generation. It applies to the generated tokens only, never
     the prompt; an engine honours it only if ``EngineCapabilities.grammars`` (front ends do not
     send one otherwise). A lane that resumes (preempted, worker restart) must bring the grammar
-    back to the state its generated tokens left it in."""
+    back to the state its generated tokens left it in.
+
+    ``json_schema`` constrains the generated tokens the same way, described engine-neutrally
+    (:class:`JsonConstraint`) instead of in one engine's grammar syntax; the same capability
+    covers it (``EngineCapabilities.grammars``: the engine can constrain sampling). Set at most
+    one of the two."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -37,6 +67,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
     grammar: str | None = None
+    json_schema: JsonConstraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -44,8 +75,9 @@ class SamplingParams:
 
     @property
     def constrained(self) -> bool:
-        """A grammar constrains the sampled tokens: no plain argmax over the raw logits."""
-        return bool(self.grammar)
+        """A grammar or a JSON constraint holds the sampled tokens: no plain argmax over the raw
+        logits."""
+        return bool(self.grammar) or self.json_schema is not None
 
     @property
     def uses_penalties(self) -> bool:

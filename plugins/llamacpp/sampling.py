@@ -9,6 +9,8 @@ import llama_cpp
 
 from superfluid.core.request import SamplingParams
 
+from .grammar import grammar_text
+
 log = logging.getLogger("superfluid.llamacpp")
 
 
@@ -22,12 +24,14 @@ def grammar_sampler(vocab, grammar: str):
 def build_sampler(params: SamplingParams, vocab):
     """A sampler chain in llama.cpp's usual order: grammar, penalties, top-k, top-p, min-p,
     temperature, dist. The grammar, if any, is the chain's first sampler (index 0), so a caller can
-    feed prompt tokens to the others only (see :func:`accept_prompt`). A grammar llama.cpp rejects
-    is left out with a warning rather than failing the tick."""
+    feed prompt tokens to the others only (see :func:`accept_prompt`). The grammar is the
+    request's own or the one its JSON constraint converts to (:mod:`.grammar`); one llama.cpp
+    rejects is left out with a warning rather than failing the tick."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
-    if params.grammar:
-        smpl = grammar_sampler(vocab, params.grammar)
+    grammar = grammar_text(params)
+    if grammar:
+        smpl = grammar_sampler(vocab, grammar)
         if smpl is None:
             log.warning("llama.cpp rejected a request's grammar; sampling it unconstrained")
         else:
@@ -54,7 +58,7 @@ def build_sampler(params: SamplingParams, vocab):
 
 def has_grammar(chain, params: SamplingParams) -> bool:
     """Whether ``build_sampler`` put a grammar at the head of this chain."""
-    return bool(params.grammar) and llama_cpp.llama_sampler_chain_n(chain) > 0 and llama_cpp.llama_sampler_name(
+    return params.constrained and llama_cpp.llama_sampler_chain_n(chain) > 0 and llama_cpp.llama_sampler_name(
         llama_cpp.llama_sampler_chain_get(chain, 0)) == b"grammar"
 
 
