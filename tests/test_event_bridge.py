@@ -6,8 +6,8 @@ import asyncio
 import threading
 
 from superfluid.core.lane import LaneEvent
-from superfluid.plugins.http import catchup
 from superfluid.plugins.http.bridge import EventBridge
+from superfluid.plugins.http.catchup import LoopCatchup
 
 
 def _collect_from_thread(hold: bool):
@@ -60,7 +60,7 @@ def test_an_error_releases_held_deltas_first():
 def test_catchup_waits_only_when_the_loop_was_handed_something():
     async def main():
         loop = asyncio.get_running_loop()
-        catchup.attach(loop)
+        catchup = LoopCatchup(loop, enabled=True)
         hops = []
         real = loop.call_soon_threadsafe
 
@@ -71,7 +71,7 @@ def test_catchup_waits_only_when_the_loop_was_handed_something():
         loop.call_soon_threadsafe = counting
         try:
             def tick(hold):
-                bridge = EventBridge(loop, hold_deltas=hold)
+                bridge = EventBridge(loop, hold_deltas=hold, catchup=catchup)
                 bridge(LaneEvent("delta", "lane-1", text="x"))
                 before = len(hops)
                 catchup.wait_for_loop()
@@ -83,7 +83,7 @@ def test_catchup_waits_only_when_the_loop_was_handed_something():
             return waits
         finally:
             del loop.call_soon_threadsafe
-            catchup.attach(None)
+            catchup.detach()
 
     # A streamed tick posted events, so catch-up hands the loop its two-hop probe (one
     # call_soon_threadsafe); a tick of held deltas posted nothing and returns at once.

@@ -72,7 +72,7 @@ def superfluid_add_frontends(register, config, daemon):
 
 @hookimpl
 def superfluid_tick_done(model, stats):
-    METRICS.tick_done(model, stats)  # the event loop's catch-up: the front end's LoopCatchup
+    METRICS.tick_done(model, stats)  # (the wait for the event loop is the front end's LoopCatchup)
 
 
 @hookimpl

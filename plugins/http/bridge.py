@@ -7,13 +7,6 @@ import collections
 
 from superfluid.core.lane import LaneEvent
 
-_posted = 0  # wake-ups handed to event loops so far, for catchup to tell whether a tick posted any
-
-
-def posted() -> int:
-    """How many events bridges have handed to event loops so far."""
-    return _posted
-
 
 class EventBridge:
     """A request sink that hands events to an asyncio queue without blocking the scheduler.
@@ -21,21 +14,23 @@ class EventBridge:
     ``hold_deltas`` (for replies sent whole): text deltas wait on the scheduler's side and reach
     the loop together with the final event. Waking the loop costs a syscall and a thread switch
     per lane per tick, taken from the engine's cores on a small machine, for text nobody reads
-    before the end."""
+    before the end. ``catchup`` (the front end's :class:`~.catchup.LoopCatchup`) counts each
+    wake-up, so the scheduler waits for the loop only after a tick that handed it something."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, hold_deltas: bool = False):
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, hold_deltas: bool = False, catchup=None):
         self._loop = loop
+        self._catchup = catchup
         self.queue: asyncio.Queue[LaneEvent] = asyncio.Queue()
         self.done = False
         self.hold_deltas = hold_deltas
         self._held: collections.deque[LaneEvent] = collections.deque()
 
     def __call__(self, event: LaneEvent) -> None:
-        global _posted
         if self.hold_deltas and event.kind == "delta":
             self._held.append(event)
             return
-        _posted += 1  # a racing thread may lose an increment: the count still moves, all catchup reads
+        if self._catchup is not None:
+            self._catchup.note_post()
         self._loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
     async def events(self):

@@ -3,7 +3,11 @@
 On a machine with as many cores as engine threads, streaming a tick's tokens while the next
 engine step runs takes a core from the engine mid-step. Waiting (at most a few ms) for the
 loop to deliver them first keeps the daemon quiet while the engine computes. A tick that handed
-the loop nothing (only replies sent whole were running) has nothing to wait for."""
+the loop nothing (only replies sent whole were running) has nothing to wait for.
+
+One :class:`LoopCatchup` belongs to one front end and its event loop: the front end's bridges
+count their wake-ups on it, and it is registered as a plugin while the front end serves, so the
+scheduler threads reach it through their ``superfluid_tick_done`` hook, never a module global."""
 
 from __future__ import annotations
 
@@ -11,37 +15,56 @@ import asyncio
 import os
 import threading
 
-from . import bridge
+from superfluid.core.hookspecs import hookimpl
 
 MAX_WAIT_S = 0.003
-_loop: asyncio.AbstractEventLoop | None = None
-ENABLED = os.environ.get("SUPERFLUID_HTTP_CATCHUP", "1") != "0"
-_seen = threading.local()  # per scheduler thread: bridge.posted() at its last catch-up
 
 
-def attach(loop: asyncio.AbstractEventLoop | None) -> None:
-    global _loop
-    _loop = loop
+def enabled_by_env() -> bool:
+    """``SUPERFLUID_HTTP_CATCHUP=0`` turns catching up off (docs/configuration.md)."""
+    return os.environ.get("SUPERFLUID_HTTP_CATCHUP", "1") != "0"
 
 
-def wait_for_loop() -> None:
-    """Called on a scheduler thread after a tick: return once the loop has run what was queued
-    (two hops: the deliveries, then the handlers they woke), or after MAX_WAIT_S; at once if no
-    event reached the loop since this thread's last call."""
-    loop = _loop
-    if loop is None or not ENABLED or loop.is_closed():
-        return
-    posted = bridge.posted()
-    if getattr(_seen, "posted", None) == posted:
-        return
-    _seen.posted = posted
-    done = threading.Event()
+class LoopCatchup:
+    """Wake-ups handed to one event loop, and the wait for it after a tick."""
 
-    def second_hop():
-        done.set()
+    def __init__(self, loop: asyncio.AbstractEventLoop, enabled: bool | None = None):
+        self.loop: asyncio.AbstractEventLoop | None = loop
+        self.enabled = enabled_by_env() if enabled is None else enabled
+        self.posted = 0  # wake-ups bridges handed to the loop so far
+        self._seen = threading.local()  # per scheduler thread: ``posted`` at its last catch-up
 
-    try:
-        loop.call_soon_threadsafe(lambda: loop.call_soon(second_hop))
-    except RuntimeError:  # the loop is closing
-        return
-    done.wait(MAX_WAIT_S)
+    def note_post(self) -> None:
+        """A bridge handed the loop an event (a racing thread may lose an increment: the count
+        still moves, all the wait reads)."""
+        self.posted += 1
+
+    def detach(self) -> None:
+        """The loop is going away: waits return at once from now on."""
+        self.loop = None
+
+    def wait_for_loop(self) -> None:
+        """Called on a scheduler thread after a tick: return once the loop has run what was queued
+        (two hops: the deliveries, then the handlers they woke), or after MAX_WAIT_S; at once if no
+        event reached the loop since this thread's last call."""
+        loop = self.loop
+        if loop is None or not self.enabled or loop.is_closed():
+            return
+        posted = self.posted
+        if getattr(self._seen, "posted", None) == posted:
+            return
+        self._seen.posted = posted
+        done = threading.Event()
+
+        def second_hop():
+            done.set()
+
+        try:
+            loop.call_soon_threadsafe(lambda: loop.call_soon(second_hop))
+        except RuntimeError:  # the loop is closing
+            return
+        done.wait(MAX_WAIT_S)
+
+    @hookimpl(trylast=True)  # after the metrics of the same tick, as before
+    def superfluid_tick_done(self, model, stats):
+        self.wait_for_loop()

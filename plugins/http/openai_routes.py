@@ -95,9 +95,10 @@ class Forbidden(SuperfluidError):
 
 
 class OpenAIRoutes:
-    def __init__(self, daemon, config):
+    def __init__(self, daemon, config, catchup=None):
         self.daemon = daemon
         self.config = config
+        self.catchup = catchup  # the front end's LoopCatchup: its bridges count wake-ups on it
         self.fim = FimPolicy(config)
 
     def add_to(self, app: web.Application) -> None:
@@ -204,7 +205,7 @@ class OpenAIRoutes:
         runtime, req_args, stream, include_usage = self._prepare(request, body, kind, arrived)
         if qos is not None:
             req_args["qos"] = qos
-        bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=not stream)
+        bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=not stream, catchup=self.catchup)
         req = Request(sink=bridge, arrived=arrived, **req_args)
         runtime.scheduler.submit(req)
         shape = _Shape(kind=kind, model=runtime.name)
