@@ -9,7 +9,7 @@ import random
 import pytest
 
 from superfluid.core.chat import template_caps
-from superfluid.plugins.http import tool_calls as tc
+from superfluid.plugins.http import tool_format, tool_parse, tool_render, tool_validate
 
 from .test_bad_input import body, post
 
@@ -36,7 +36,7 @@ NATIVE = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t |
 
 
 def plan(**kw):
-    return tc.plan({"tools": [WEATHER, TIME], **kw})
+    return tool_validate.plan({"tools": [WEATHER, TIME], **kw})
 
 
 # ---- units ----------------------------------------------------------------------------------
@@ -49,18 +49,18 @@ def test_template_caps_are_probed():
 def test_parse_tagged_calls_and_text_around():
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' \
            '<tool_call>{"name": "get_time", "parameters": {"timezone": "CET"}}</tool_call>'
-    got = tc.parse(text, "stop", plan())
+    got = tool_parse.parse(text, "stop", plan())
     assert got.content == "Let me check." and got.finish_reason == "tool_calls"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got.calls] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "CET"})]
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in got.calls)
-    assert len(tc.parse(text, "stop", plan(parallel_tool_calls=False)).calls) == 1
+    assert len(tool_parse.parse(text, "stop", plan(parallel_tool_calls=False)).calls) == 1
 
 
 def test_parse_bare_json_and_unclosed_call():
-    got = tc.parse('[{"name": "get_time", "arguments": "{\\"timezone\\": \\"UTC\\"}"}]', "stop", plan())
+    got = tool_parse.parse('[{"name": "get_time", "arguments": "{\\"timezone\\": \\"UTC\\"}"}]', "stop", plan())
     assert got.content is None and got.calls[0]["function"]["arguments"] == '{"timezone": "UTC"}'
-    got = tc.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', "stop", plan())
+    got = tool_parse.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', "stop", plan())
     assert got.calls and got.finish_reason == "tool_calls"
 
 
@@ -70,7 +70,7 @@ def test_parse_bare_json_and_unclosed_call():
     '<tool_call>\n{"name": "get_weather", "arguments": "Paris"}</tool_call>',  # arguments not an object
     '{"name": "Paris"}', 'Plain text answer.'])
 def test_unparseable_calls_are_content(text):
-    got = tc.parse(text, "length", plan())
+    got = tool_parse.parse(text, "length", plan())
     assert (got.content, got.calls, got.finish_reason) == (text, [], "length")
 
 
@@ -82,14 +82,14 @@ def test_stream_parser_assembles_to_parse(text):
     tools = plan()
     rng = random.Random(len(text))
     for _ in range(20):
-        parser, sent, i = tc.StreamParser(tools), [], 0
+        parser, sent, i = tool_parse.StreamParser(tools), [], 0
         while i < len(text):
             n = rng.randint(1, 5)
             sent.append(parser.feed(text[i:i + n]))
             i += n
         rest, parsed = parser.finish("stop")
         assert "".join(sent) + rest == (parsed.content or "")
-        assert parsed.content == tc.parse(text, "stop", tools).content
+        assert parsed.content == tool_parse.parse(text, "stop", tools).content
 
 
 def test_history_renders_as_text_for_a_template_without_tools():
@@ -97,13 +97,13 @@ def test_history_renders_as_text_for_a_template_without_tools():
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "21C, sunny"}]
-    text = tc.render_prompt(CHATML, history, plan(), add_generation_prompt=True)
+    text = tool_render.render_prompt(CHATML, history, plan(), add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n# Tools\n") and '"name": "get_time"' in text
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             '</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n21C, sunny\n</tool_response>') in text
-    forced = tc.render_prompt(CHATML, history, plan(tool_choice=NAMED), add_generation_prompt=True)
+    forced = tool_render.render_prompt(CHATML, history, plan(tool_choice=NAMED), add_generation_prompt=True)
     assert forced == text + '<tool_call>\n{"name": "get_weather", "arguments": {'
-    native = tc.render_prompt(NATIVE, history, plan(), add_generation_prompt=True)
+    native = tool_render.render_prompt(NATIVE, history, plan(), add_generation_prompt=True)
     assert native.startswith("<|im_start|>system\n<tools>") and "# Tools" not in native
     assert '"arguments": {"city": "Paris"}}' in native  # the template wants objects: it got one
 
@@ -256,6 +256,13 @@ def vocab(model_path):
     llama_cpp.llama_model_free(model)
 
 
+def grammar(tools) -> str:
+    """The GBNF llama.cpp holds a forced call's rest to: the plan's JSON constraint, converted."""
+    from superfluid.plugins.llamacpp.grammar import gbnf
+
+    return gbnf(tools.constraint)
+
+
 def grammar_takes(vocab, grammar: str, text: str) -> bool:
     """Whether llama.cpp's grammar sampler lets ``text`` through, token by token, and then lets
     the generation end (each token is checked before it is accepted: a rejected one would abort)."""
@@ -288,40 +295,40 @@ def grammar_takes(vocab, grammar: str, text: str) -> bool:
 
 
 def test_forced_call_grammar_follows_the_schema(vocab):
-    tools = tc.plan({"tools": [FORECAST, TIME], "tool_choice": FORCE_FORECAST}, grammars=True)
+    tools = tool_validate.plan({"tools": [FORECAST, TIME], "tool_choice": FORCE_FORECAST}, grammars=True)
     assert tools.prefill == '<tool_call>\n{"name": "get_forecast", "arguments":'
-    assert tc.plan({"tools": [FORECAST], "tool_choice": FORCE_FORECAST}).grammar is None  # not asked: none
+    assert tool_validate.plan({"tools": [FORECAST], "tool_choice": FORCE_FORECAST}).constraint is None  # not asked: none
     good = ' {"city": "Paris", "days": 3}}\n</tool_call>'
-    assert grammar_takes(vocab, tools.grammar, good)
-    assert grammar_takes(vocab, tools.grammar, ' {"city": "Oslo", "days": -2, "unit": "fahrenheit"}}\n</tool_call>')
+    assert grammar_takes(vocab, grammar(tools), good)
+    assert grammar_takes(vocab, grammar(tools), ' {"city": "Oslo", "days": -2, "unit": "fahrenheit"}}\n</tool_call>')
     for bad in [' {"city": "Paris", "days": "3"}}\n</tool_call>',   # days not an integer
                 ' {"days": 3}}\n</tool_call>',                      # city missing
                 ' {"city": "Paris", "days": 3, "unit": "kelvin"}}\n</tool_call>',
                 ' {"city": "Pa\nris", "days": 3}}\n</tool_call>',   # a raw control character
                 ' {"city": "Paris", "days": 3}}\n</tool_call>\n<tool_call>']:  # a second call
-        assert not grammar_takes(vocab, tools.grammar, bad), bad
-    parsed = tc.parse(tools.prefill + good.removesuffix(tc.CLOSE), "stop", tools)
+        assert not grammar_takes(vocab, grammar(tools), bad), bad
+    parsed = tool_parse.parse(tools.prefill + good.removesuffix(tool_format.CLOSE), "stop", tools)
     assert json.loads(parsed.calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
 
 
 def test_required_grammar_alternates_the_names(vocab):
-    tools = tc.plan({"tools": [FORECAST, TIME], "tool_choice": "required"}, grammars=True)
+    tools = tool_validate.plan({"tools": [FORECAST, TIME], "tool_choice": "required"}, grammars=True)
     assert tools.choice == "required" and tools.prefill == '<tool_call>\n{"name":'
-    assert grammar_takes(vocab, tools.grammar, ' "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>')
-    assert grammar_takes(vocab, tools.grammar, ' "get_forecast", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>')
-    assert not grammar_takes(vocab, tools.grammar, ' "get_forecast", "arguments": {"timezone": "CET"}}\n</tool_call>')
-    assert not grammar_takes(vocab, tools.grammar, ' "launch", "arguments": {}}\n</tool_call>')
+    assert grammar_takes(vocab, grammar(tools), ' "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>')
+    assert grammar_takes(vocab, grammar(tools), ' "get_forecast", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>')
+    assert not grammar_takes(vocab, grammar(tools), ' "get_forecast", "arguments": {"timezone": "CET"}}\n</tool_call>')
+    assert not grammar_takes(vocab, grammar(tools), ' "launch", "arguments": {}}\n</tool_call>')
 
 
 def test_schema_beyond_the_converter_forces_any_object(vocab):
     odd = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "https://example.com/schema.json"}}}}}
-    tools = tc.plan({"tools": [odd], "tool_choice": "required"}, grammars=True)
-    assert tools.choice == "function" and tools.grammar
-    assert grammar_takes(vocab, tools.grammar, ' {"b": [1, {"c": null}]}}\n</tool_call>')
-    assert not grammar_takes(vocab, tools.grammar, ' [1]}\n</tool_call>')
+    tools = tool_validate.plan({"tools": [odd], "tool_choice": "required"}, grammars=True)
+    assert tools.choice == "function" and grammar(tools)
+    assert grammar_takes(vocab, grammar(tools), ' {"b": [1, {"c": null}]}}\n</tool_call>')
+    assert not grammar_takes(vocab, grammar(tools), ' [1]}\n</tool_call>')
     bare = {"type": "function", "function": {"name": "g"}}  # no parameters: any object
-    assert grammar_takes(vocab, tc.plan({"tools": [bare], "tool_choice": "required"}, grammars=True).grammar,
+    assert grammar_takes(vocab, grammar(tool_validate.plan({"tools": [bare], "tool_choice": "required"}, grammars=True)),
                          ' {}}\n</tool_call>')
 
 

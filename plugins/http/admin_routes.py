@@ -14,7 +14,7 @@ from aiohttp import web
 from superfluid.core.errors import InvalidRequest
 
 from . import params
-from .openai_routes import read_body
+from .params import read_body
 
 log = logging.getLogger("superfluid.http")
 

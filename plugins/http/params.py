@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -19,6 +20,21 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "r
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix", "echo", "best_of"}
 INFILL_FIELDS = _COMMON | {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict"}
 FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "infill": INFILL_FIELDS}
+
+
+async def read_body(request) -> dict:
+    """The request's body as JSON: not UTF-8, empty, or not JSON is a 400 saying which."""
+    raw = await request.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest("request body is not valid UTF-8", code="invalid_encoding") from None
+    if not text.strip():
+        raise InvalidRequest("request body is empty; send a JSON object", code="invalid_body")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 def text(body: dict, key: str) -> str:

@@ -16,7 +16,8 @@ from superfluid.core.errors import InvalidRequest
 from superfluid.core.sessions import SessionConflict
 
 from . import params
-from .openai_routes import read_body, request_class
+from .params import read_body
+from .prepare import request_class
 
 CREATE_FIELDS = {"model", "qos", "system", "pin_system"}
 TURN_FIELDS = params.CHAT_FIELDS - {"model"}
@@ -68,7 +69,7 @@ class SessionRoutes:
         if not session.pin_system or session.state == "closed" or session.pinned_by is runtime.scheduler:
             return
         if session.pinned_tokens is None:
-            session.pinned_tokens = self.openai.chat_prefix_tokens(runtime, session.history()[:1])
+            session.pinned_tokens = self.openai.preparer.chat_prefix_tokens(runtime, session.history()[:1])
         runtime.scheduler.pin_prefix(session.pinned_tokens)
         session.pinned_by = runtime.scheduler
 
@@ -114,7 +115,7 @@ class SessionRoutes:
             if runtime.scheduler.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
                 session.artifact_adopted_by = runtime.scheduler
         self.store.resumed(session)
-        await self._fit(request, session, runtime, body)
+        await self._fit(session, runtime, body)
         full = {**body, "model": session.model, "messages": session.history() + body["messages"]}
 
         def record(text: str, event, prompt_tokens: list[int], parsed) -> None:
@@ -129,7 +130,7 @@ class SessionRoutes:
         finally:
             session.busy = False
 
-    async def _fit(self, request, session, runtime, body: dict) -> None:
+    async def _fit(self, session, runtime, body: dict) -> None:
         """--session-overflow truncate: when the history and this turn's new messages leave no room
         for the reply (``max_tokens``, else an eighth of the context), leave the oldest messages
         out of the prompt (the system prompt and the first user message stay) until the prompt
@@ -145,8 +146,8 @@ class SessionRoutes:
         def length(start: int | None) -> int:
             if start not in lengths:
                 messages = session.history(start) + body["messages"]
-                lengths[start] = self.openai.chat_prompt_length(
-                    request, {**body, "model": session.model, "messages": messages})
+                lengths[start] = self.openai.preparer.chat_prompt_length(
+                    {**body, "model": session.model, "messages": messages})
             return lengths[start]
 
         before = await loop.run_in_executor(None, length, None)

@@ -1,0 +1,196 @@
+"""One generation request, validated once: the body and headers become a frozen :class:`Prepared`
+(model runtime, core Request, tool plan, stream flags) that the routes then only read.
+
+Everything a client can get wrong is found here, as a 400 naming the field, before anything
+reaches a scheduler; what only the scheduler knows (the prompt against the context length) it
+checks itself on submit, so this module does not repeat it."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+
+from superfluid.core import qos as qos_classes
+from superfluid.core.chat import render_chat
+from superfluid.core.errors import ContextLengthExceeded, InvalidRequest, SuperfluidError
+from superfluid.core.request import Request
+
+from . import params, tool_validate
+from .fim import FIM_CLASS, FimPolicy, fim_prompt
+from .tool_format import ToolPlan
+from .tool_render import render_prompt
+
+QOS_HEADER = "x-superfluid-qos"
+BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
+NO_TOOLS = ToolPlan()
+
+
+class Forbidden(SuperfluidError):
+    status = 403
+    type = "permission_error"
+
+
+@attrs.define(frozen=True)
+class Prepared:
+    """What the routes need to run and answer one generation; ``request.sink`` is its bridge."""
+
+    kind: str  # "chat" | "completion" | "infill"
+    runtime: object  # the daemon's ModelRuntime
+    request: Request
+    tools: ToolPlan = NO_TOOLS  # inactive unless a chat offered tools
+    stream: bool = False
+    include_usage: bool = False  # a stream ends with a usage chunk
+
+    @property
+    def bridge(self):
+        return self.request.sink
+
+
+def request_class(request, config) -> str:
+    """The QoS class a request asks for (the header, if honoured), else the default."""
+    header = request.headers.get(QOS_HEADER)
+    if header is not None and config["http-qos-header"]:
+        return qos_classes.resolve(header)
+    return config["http-default-qos"]
+
+
+def batch_invariant(request, config) -> bool:
+    """The x-superfluid-batch-invariant header; a 403 unless --http-allow-batch-invariant."""
+    raw = request.headers.get(BATCH_INVARIANT_HEADER)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    if value not in ("1", "true", "yes", "on"):
+        raise InvalidRequest(f"{BATCH_INVARIANT_HEADER} must be true or false, got {raw!r}",
+                             param=BATCH_INVARIANT_HEADER, code="invalid_value")
+    if not config["http-allow-batch-invariant"]:
+        raise Forbidden("batch-invariant lanes tick alone and can serialize the server; this server "
+                        "does not allow them (start it with --http-allow-batch-invariant)",
+                        param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
+    return True
+
+
+def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int) -> int:
+    """OpenAI's defaults: the rest of the context for chat, 16 for completions; too many is a 400.
+    A prompt that alone fills the context is the scheduler's to refuse (its error names the
+    prompt, not this field), so it gets 1 here."""
+    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    value = params.integer(body, key, None, 1)
+    if n_prompt >= ctx:
+        return 1
+    if value is None:
+        value = ctx - n_prompt if chat else 16
+    if n_prompt + value > ctx:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{n_prompt + value} tokens ({n_prompt} in the prompt, {value} in the completion). "
+            f"Please reduce the prompt or the completion length.", param=key)
+    return min(value, ctx - n_prompt)
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model must be a string", param="model", code="invalid_type")
+    return model
+
+
+def _chat_tokens(runtime, text: str) -> list[int]:
+    """A rendered chat as tokens: BOS added unless the template wrote it."""
+    info = runtime.engine.info
+    add_bos = info.add_bos and not (info.bos_token and text.startswith(info.bos_token))
+    return runtime.engine.tokenize(text, add_special=add_bos, parse_special=True)
+
+
+class Preparer:
+    """Turns request bodies into :class:`Prepared` values for one daemon and configuration."""
+
+    def __init__(self, daemon, config, fim: FimPolicy | None = None):
+        self.daemon = daemon
+        self.config = config
+        self.fim = fim or FimPolicy(config)
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    @staticmethod
+    def chat_prefix_tokens(runtime, messages: list[dict]) -> list[int]:
+        """The tokens a conversation starting with ``messages`` begins with (no generation
+        prompt): e.g. a session's system prompt, to pin its KV."""
+        info = runtime.engine.info
+        return _chat_tokens(runtime, render_chat(info.chat_template, messages, bos_token=info.bos_token,
+                                                 eos_token=info.eos_token, add_generation_prompt=False))
+
+    def chat_prompt(self, body: dict) -> tuple[object, list[int], ToolPlan]:
+        """(runtime, prompt tokens, tool plan) of a chat body: tools and messages validated."""
+        runtime = self.daemon.get(_model(body))
+        info = runtime.engine.info
+        tools = tool_validate.plan(body, grammars=getattr(runtime.engine.capabilities, "grammars", False))
+        messages = tool_validate.check_messages(params.chat_messages(body))
+        text = render_prompt(info.chat_template, messages, tools, bos_token=info.bos_token,
+                             eos_token=info.eos_token, add_generation_prompt=True)
+        return runtime, _chat_tokens(runtime, text), tools
+
+    def chat_prompt_length(self, body: dict) -> int:
+        """How many tokens a chat body's prompt renders to (tools included); validates it."""
+        return len(self.chat_prompt(body)[1])
+
+    def _completion_prompt(self, body: dict) -> tuple[object, list[int]]:
+        runtime = self.daemon.get(_model(body))
+        engine, info = runtime.engine, runtime.engine.info
+        tokens = params.completion_prompt(body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
+        bad = [t for t in tokens if not 0 <= t < info.n_vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{info.n_vocab - 1})",
+                                 param="prompt", code="invalid_value")
+        return runtime, tokens
+
+    def _fim_prompt(self, request, body: dict, kind: str) -> tuple[object, list[int]]:
+        runtime = self.fim.runtime(self.daemon, _model(body))
+        if kind == "infill":
+            prefix, suffix, middle = (params.text(body, "input_prefix"), params.text(body, "input_suffix"),
+                                      params.text(body, "prompt"))
+        else:
+            prefix, suffix, middle = params.fim_parts(body), params.text(body, "suffix"), ""
+        self.fim.admit(request)
+        return runtime, fim_prompt(runtime, prefix, suffix, middle)
+
+    # ---- the whole request -----------------------------------------------------------------
+
+    def prepare(self, request, body: dict, kind: str, *, arrived: float,
+                make_sink: Callable[[bool], Callable], qos: str | None = None) -> Prepared:
+        """Validate ``body`` (and ``request``'s headers) for a ``kind`` generation. ``make_sink``
+        (called with whether the reply streams) gives the Request's sink; ``qos`` overrides the
+        class the headers ask for (a session's)."""
+        params.check_fields(body, params.FIELDS[kind])
+        params.unsupported(body)
+        if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
+            body = {**body, "max_tokens": body["n_predict"] if body["n_predict"] != -1 else None}
+        invariant = batch_invariant(request, self.config)
+        fim = kind == "infill" or (kind == "completion" and body.get("suffix") is not None)
+        tools = NO_TOOLS
+        if fim:
+            runtime, tokens = self._fim_prompt(request, body, kind)
+        elif kind == "chat":
+            runtime, tokens, tools = self.chat_prompt(body)
+        else:
+            runtime, tokens = self._completion_prompt(body)
+        ctx = runtime.scheduler.settings.context_length
+        stream = params.boolean(body, "stream")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+        limit = max_tokens(body, kind != "completion", len(tokens), ctx)
+        sampling = params.sampling(body)
+        if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
+            sampling = attrs.evolve(sampling, json_schema=tools.constraint)
+        stop = params.stop_strings(body) + tools.stop
+        ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
+        cls = FIM_CLASS if fim else request_class(request, self.config)  # validated also when overridden
+        req = Request(
+            prompt_tokens=tokens, max_tokens=limit, sink=make_sink(stream), sampling=sampling, stop=stop,
+            ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
+            qos=cls if qos is None else qos, start_deadline=self.fim.deadline(arrived) if fim else None,
+            arrived=arrived, meta={"chat": kind == "chat", "fim": fim})
+        return Prepared(kind=kind, runtime=runtime, request=req, tools=tools, stream=stream,
+                        include_usage=include_usage)

@@ -1,0 +1,122 @@
+"""plugins/http/prepare.py: a body and its headers become one frozen Prepared value, with a fake
+daemon (a whitespace tokenizer, a ChatML template); no model, no server."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
+from superfluid.plugins.http.prepare import Preparer, max_tokens
+from superfluid.plugins.http.tool_format import CLOSE
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+          "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+          "{% endif %}")
+CONFIG = {"http-qos-header": True, "http-default-qos": "agent", "http-allow-batch-invariant": False,
+          "completion-rate": "10/s", "completion-burst": 20, "completion-deadline-ms": 0, "fim-model": None}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+class FakeEngine:
+    def __init__(self, grammars: bool):
+        self.info = attrs.make_class("Info", {})()
+        self.info.chat_template, self.info.bos_token, self.info.eos_token = CHATML, "", ""
+        self.info.add_bos, self.info.n_vocab = False, 1000
+        self.capabilities = attrs.make_class("Caps", {})()
+        self.capabilities.grammars = grammars
+        self.texts: list[str] = []
+
+    def tokenize(self, text, add_special, parse_special):
+        self.texts.append(text)
+        return [len(word) % 1000 for word in text.split()]
+
+
+class FakeRuntime:
+    def __init__(self, grammars: bool, ctx: int):
+        self.name = "m"
+        self.engine = FakeEngine(grammars)
+        self.scheduler = attrs.make_class("Loop", {})()
+        self.scheduler.settings = attrs.make_class("Settings", {})()
+        self.scheduler.settings.context_length = ctx
+
+
+class FakeDaemon:
+    def __init__(self, grammars=True, ctx=64):
+        self.runtime = FakeRuntime(grammars, ctx)
+
+    def get(self, name):
+        return self.runtime
+
+
+class FakeHttp:
+    def __init__(self, headers=None):
+        self.headers = headers or {}
+        self.remote = "127.0.0.1"
+
+
+def prepare(body, *, grammars=True, ctx=64, headers=None, qos=None, kind="chat"):
+    daemon = FakeDaemon(grammars, ctx)
+    sinks = []
+
+    def make_sink(stream):
+        sinks.append(stream)
+        return lambda event: None
+
+    prep = Preparer(daemon, CONFIG).prepare(FakeHttp(headers), body, kind, arrived=1.0, make_sink=make_sink, qos=qos)
+    return prep, daemon.runtime.engine, sinks
+
+
+ASK = [{"role": "user", "content": "hi there"}]
+
+
+def test_a_chat_becomes_one_frozen_value():
+    prep, engine, sinks = prepare({"messages": ASK, "stream": True, "stream_options": {"include_usage": True}})
+    assert (prep.kind, prep.stream, prep.include_usage, sinks) == ("chat", True, True, [True])
+    assert prep.bridge is prep.request.sink and not prep.tools.active
+    req = prep.request
+    assert req.meta == {"chat": True, "fim": False} and req.streamed and req.arrived == 1.0
+    assert req.max_tokens == 64 - len(req.prompt_tokens)  # chat: the rest of the context
+    assert req.qos == "agent" and req.sampling.json_schema is None
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        prep.stream = False
+
+
+def test_a_forced_call_carries_its_schema_where_the_engine_can_constrain():
+    body = {"messages": ASK, "tools": [TOOL], "tool_choice": "required"}
+    prep, engine, _ = prepare(body, grammars=True)
+    constraint = prep.request.sampling.json_schema
+    assert constraint is prep.tools.constraint and constraint.tail == "}\n" + CLOSE
+    assert [c.schema for c in constraint.choices] == [TOOL["function"]["parameters"]]
+    assert engine.texts[-1].endswith(prep.tools.prefill) and prep.tools.prefill.endswith('"arguments":')
+    assert prep.request.stop == (CLOSE,) and prep.request.sampling.constrained
+
+    prep, engine, _ = prepare(body, grammars=False)  # forced by the pre-fill alone
+    assert prep.request.sampling.json_schema is None and prep.tools.prefill.endswith('"arguments": {')
+
+
+def test_the_prompt_against_the_context_is_the_schedulers_check():
+    # A prompt that alone fills the context is left to the scheduler's submit (its error names
+    # the prompt), whatever max_tokens says; a completion too long for what is left is a 400 here.
+    prep, _, _ = prepare({"messages": [{"role": "user", "content": "w " * 100}], "max_tokens": 4}, ctx=16)
+    assert len(prep.request.prompt_tokens) >= 16 and prep.request.max_tokens == 1
+    with pytest.raises(ContextLengthExceeded) as info:
+        prepare({"prompt": "a b c", "max_tokens": 100}, ctx=16, kind="completion")
+    assert info.value.param == "max_tokens"
+    assert max_tokens({}, False, 3, 64) == 16 and max_tokens({}, True, 3, 64) == 61
+
+
+def test_the_qos_header_is_validated_also_when_a_session_overrides_it():
+    prep, _, _ = prepare({"messages": ASK}, headers={"x-superfluid-qos": "interactive"})
+    assert prep.request.qos == "interactive"
+    assert prepare({"messages": ASK}, qos="background")[0].request.qos == "background"
+    with pytest.raises(InvalidRequest):
+        prepare({"messages": ASK}, headers={"x-superfluid-qos": "urgent"}, qos="background")
+
+
+def test_prompt_length_for_session_windows_validates_the_body():
+    preparer = Preparer(FakeDaemon(), CONFIG)
+    assert preparer.chat_prompt_length({"messages": ASK}) == len(preparer.chat_prompt({"messages": ASK})[1])
+    with pytest.raises(InvalidRequest):
+        preparer.chat_prompt_length({"messages": ASK, "tools": "nope"})
