@@ -27,10 +27,10 @@ class EngineCapabilities:
     persists_kv: bool = False   # parked KV can be saved to and loaded from files (TickPlan.save/load)
     prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
     aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
-    grammars: bool = False      # honours SamplingParams.grammar (GBNF-constrained sampling)
+    grammars: bool = False      # constrained sampling: honours SamplingParams.grammar (GBNF) and .json_schema
     # A step costs more the wider the range of slot ids its lanes span (llama.cpp's per-sequence
     # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
-    # so the scheduler keeps busy lanes in neighbouring slots.
+    # so the KV manager keeps busy lanes in neighbouring slots.
     compact_slots: bool = False
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
@@ -75,7 +75,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def run_tick(self, plan: TickPlan) -> TickResult:
-        """Run one tick. Called only from the model's scheduler thread."""
+        """Run one tick. Called only from the model's thread (its ModelLoop)."""
 
     @abc.abstractmethod
     def request_stop(self) -> None:
