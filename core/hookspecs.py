@@ -33,7 +33,10 @@ hookspec = pluggy.HookspecMarker("superfluid")
 hookimpl = pluggy.HookimplMarker("superfluid")
 
 
-# ---- startup: configuration and registrars (the main thread, before any model loads) --------
+# ---- startup: configuration and registrars ---------------------------------------------------
+# add_config, configure and add_engines run once on the main thread before any model loads;
+# add_pressure_sources once per model load (an executor thread for a load through /admin);
+# add_frontends once the models are loaded.
 
 @hookspec
 def superfluid_add_config(schema: Schema) -> None:

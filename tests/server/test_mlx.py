@@ -27,7 +27,7 @@ from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
 from superfluid.plugins.mlx.sampling import LaneSampler  # noqa: E402
 from superfluid.plugins.mlx.vocab import GGUFVocab  # noqa: E402
 
-from .tinygguf import write_tiny_llama  # noqa: E402
+from ..tinygguf import write_tiny_llama  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 

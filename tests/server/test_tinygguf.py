@@ -11,7 +11,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from .tinygguf import (  # noqa: E402
+from ..tinygguf import (  # noqa: E402
     BOS,
     EOS,
     FIM_MID,

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from .tinygguf import write_tiny_llama
+from ..tinygguf import write_tiny_llama
 
 AGENT_PROMPTS = [
     "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n",
