@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, ServiceUnavailable,
                      SuperfluidError)
+from .arrivals import ArrivalWindow
 from .artifacts import SaveOp
 from .lane import Lane
 from .scheduler import Scheduler
@@ -31,8 +32,6 @@ log = logging.getLogger("superfluid.loop")
 
 MAX_CRASHES = 5            # engine crashes within CRASH_WINDOW_S before a model is given up
 CRASH_WINDOW_S = 60.0
-ARRIVAL_WINDOW_S = 0.010   # longest wait for a burst to arrive when the loop wakes from idle
-ARRIVAL_QUIET_S = 0.003    # a gap this long without a new request ends the wait
 
 
 class ModelLoop:
@@ -47,7 +46,7 @@ class ModelLoop:
         self._thread: threading.Thread | None = None
         self._closed = self._aborted = False
         self._close_reason, self._close_code = f"model {name!r} is shutting down", "shutting_down"
-        self._arrivals = 0
+        self.arrivals = ArrivalWindow()
         self._crashes: list[float] = []
         self._quiet_tick = False  # the tick in flight is a quiet one (TickPlan.quiet)
 
@@ -76,7 +75,7 @@ class ModelLoop:
             if self._closed:
                 raise self._closed_error()
             self.scheduler.add(lane)
-            self._arrivals += 1
+            self.arrivals.arrived(time.monotonic())
             self._cv.notify()
             running = self.scheduler.lanes
             if running and self.hook.superfluid_should_stop_tick(lane=lane, lanes=list(running),
@@ -184,7 +183,8 @@ class ModelLoop:
             if self._closed and not (sched.lanes or sched.kv.artifacts.has_saves()):
                 return False
             if not sched.lanes:
-                self._gather_arrivals()
+                self.arrivals.gather(self._cv, lambda: self._closed or any(
+                    l.request.start_deadline for l in sched.queue))
         return True
 
     def step(self) -> TickStats | None:
@@ -224,21 +224,6 @@ class ModelLoop:
             stats = sched.postprocess(plan, result)
         self.hook.superfluid_tick_done(model=self.name, stats=stats)
         return stats
-
-    def _gather_arrivals(self) -> None:
-        """Waking from idle, wait a moment for requests sent together to arrive together, so their
-        prefills share the first tick instead of queueing behind one another's (a burst's requests
-        reach the loop a few ms apart). Costs a lone request at most ARRIVAL_WINDOW_S."""
-        deadline = time.monotonic() + ARRIVAL_WINDOW_S
-        seen = self._arrivals
-        while not self._closed and not any(l.request.start_deadline for l in self.scheduler.queue):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            self._cv.wait(min(ARRIVAL_QUIET_S, left))
-            if self._arrivals == seen:  # quiet for a moment: the burst is in
-                return
-            seen = self._arrivals
 
     def _recover(self, exc: Exception) -> None:
         """Restart a crashed engine and resume every lane from its prompt + generated tokens, so
