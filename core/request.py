@@ -8,6 +8,8 @@ from typing import Callable
 
 import attrs
 
+from .qos import DEFAULT_CLASS
+
 _ids = itertools.count(1)
 
 
@@ -98,7 +100,7 @@ class Request:
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    qos: str = "agent"
+    qos: str = DEFAULT_CLASS
     batch_invariant: bool = False
     media: bool = False  # bound media (images, audio): never preempted
     start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
