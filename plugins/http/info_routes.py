@@ -1,4 +1,4 @@
-"""GET /v1/models, /health, /slots and /metrics."""
+"""GET /v1/models, /health, /slots, /metrics and /openapi.json."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import time
 from aiohttp import web
 
 from .metrics import METRICS
+from .openapi import document
 
 
 class InfoRoutes:
     def __init__(self, daemon):
         self.daemon = daemon
         self.started = int(time.time())
+        self._document: dict | None = None  # built on first request
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/slots", self.slots)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/openapi.json", self.openapi)
 
     async def models(self, request: web.Request) -> web.Response:
         data = []
@@ -51,6 +54,11 @@ class InfoRoutes:
         if wanted is not None and not snaps:
             self.daemon.get(wanted)  # raises the 404 with the list of models
         return web.json_response({"models": snaps})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        if self._document is None:
+            self._document = document()
+        return web.json_response(self._document)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=METRICS.render(), content_type="text/plain", charset="utf-8",
