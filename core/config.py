@@ -121,6 +121,8 @@ def core_options() -> list[Option]:
                in_range(0), model_scoped=True, metavar="N"),
         Option("tick-target-ms", int, 2000, "tick duration while every lane is busy (engines may cap it)",
                in_range(1, 60000), model_scoped=True, metavar="N"),
+        Option("max-queue", int, 256, "queued requests per QoS class per model; one more is a 429 queue_full "
+               "with Retry-After", in_range(1, 1 << 20), model_scoped=True, metavar="N"),
         Option("starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks",
                in_range(1, 100000), model_scoped=True, metavar="N"),
         Option("pressure-high", float, 0.85, "KV pool occupancy (of the cells lanes can hold) at which "

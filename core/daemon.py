@@ -79,6 +79,7 @@ class Daemon:
             prefill_budget=mc["prefill-budget"], tick_decode_budget=mc["tick-decode-budget"],
             tick_target_ms=mc["tick-target-ms"], starvation_ticks=mc["starvation-ticks"],
             park=mc["park"], pressure_high=mc["pressure-high"], pressure_low=mc["pressure-low"],
+            max_queue=mc["max-queue"],
             host_cache_bytes=mc["host-cache-mb"] << 20,
             pinned_tokens=[engine.tokenize(text, add_special=True, parse_special=True)
                            for text in mc["pin-prompt"] or []],

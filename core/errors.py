@@ -37,6 +37,22 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class RequestTimeout(SuperfluidError):
+    """A client too slow to send its request (its body, within the server's read timeout)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class QueueFull(SuperfluidError):
+    """A model's queue for a request's QoS class holds its limit (--max-queue): retry later."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+
 class ModelNotFound(SuperfluidError):
     status = 404
     type = "invalid_request_error"

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, ServiceUnavailable,
+from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, QueueFull, ServiceUnavailable,
                      SuperfluidError)
 from .arrivals import ArrivalWindow
 from .artifacts import SaveOp
@@ -32,6 +32,7 @@ log = logging.getLogger("superfluid.loop")
 
 MAX_CRASHES = 5            # engine crashes within CRASH_WINDOW_S before a model is given up
 CRASH_WINDOW_S = 60.0
+QUEUE_RETRY_AFTER_S = 1    # Retry-After of a 429 queue_full
 
 
 class ModelLoop:
@@ -74,6 +75,7 @@ class ModelLoop:
         with self._cv:
             if self._closed:
                 raise self._closed_error()
+            self._check_queue(request)
             self.scheduler.add(lane)
             self.arrivals.arrived(time.monotonic())
             self._cv.notify()
@@ -84,6 +86,14 @@ class ModelLoop:
             elif self._quiet_tick:  # it promised to yield to a newcomer
                 self.engine.request_yield()
         return lane
+
+    def _check_queue(self, request: Request) -> None:
+        """A class whose queue already holds --max-queue requests refuses one more: a 429 the
+        client can retry, never an unbounded queue. (Under the lock.)"""
+        most = self.settings.max_queue
+        if most and sum(1 for lane in self.scheduler.queue if lane.request.qos == request.qos) >= most:
+            raise QueueFull(f"model {self.name!r}: {most} {request.qos} requests are already queued "
+                            "(--max-queue); retry later", headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request wherever it is; a running tick ends at the engine's next step."""

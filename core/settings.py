@@ -18,6 +18,7 @@ class SchedulerSettings:
     tick_decode_budget: int = 0
     tick_target_ms: int = 2000
     starvation_ticks: int = 8
+    max_queue: int = 256             # queued requests per QoS class; submit refuses one more (429)
     park: bool = False               # park a preempted lane's KV in host memory
     pressure_high: float = 0.85      # KV occupancy at which cached prefixes are evicted ...
     pressure_low: float = 0.70       # ... down to this
