@@ -1,4 +1,5 @@
-"""``superfluid serve``: parse the TOML file and flags, load the models, run the front ends."""
+"""``superfluid serve``: parse the TOML file and flags, load the models, run the front ends.
+``superfluid keys new NAME``: add an API key to a key policy file (the secret is printed once)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,50 @@ def build_parser(schema: Schema) -> argparse.ArgumentParser:
                            description="Every option is also a TOML key of the same name; flags override the file.")
     serve.add_argument("--config", metavar="FILE.toml", help="TOML configuration file")
     add_flags(serve, schema)
+    _add_keys_parser(sub)
     return parser
+
+
+DEFAULT_KEY_FILE = "keys.toml"
+
+
+def _add_keys_parser(sub) -> None:
+    keys = sub.add_parser("keys", help="manage the API keys of a --key-policy file")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    new = ksub.add_parser("new", help="make a random secret, print it once and write its hash into the file",
+                          description="The secret itself is stored nowhere; a lost one is replaced by a new key.")
+    new.add_argument("name", metavar="NAME", help="the key's name (letters, digits, '-', '_'); logs name keys by it")
+    new.add_argument("--class", dest="qos_class", default="agent", metavar="C",
+                     help="the highest QoS class the key may use, and its default (default: agent)")
+    new.add_argument("--file", default=DEFAULT_KEY_FILE, metavar="F",
+                     help=f"the key policy file, created if missing (default: {DEFAULT_KEY_FILE})")
+
+
+def keys_main(argv: list[str]) -> int:
+    """``superfluid keys new NAME [--class C] [--file F]``: the secret on stdout, alone, so a
+    script can capture it; what to do with it on stderr."""
+    parser = argparse.ArgumentParser(prog="superfluid")
+    _add_keys_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["keys", *argv])
+    from superfluid.plugins.http.keys import new_key  # the policy's format is the HTTP front end's
+    try:
+        secret = new_key(args.file, args.name, args.qos_class)
+    except ConfigError as exc:
+        print(f"superfluid: {exc}", file=sys.stderr)
+        return 2
+    print(secret, flush=True)
+    print(f"superfluid: key {args.name!r} ({args.qos_class}) added to {args.file}; the secret above is shown "
+          f"only now. Send it as 'Authorization: Bearer <secret>'; SIGHUP a running server to load it.",
+          file=sys.stderr)
+    return 0
+
+
+def open_door(config) -> str | None:
+    """Why ``serve`` must refuse this configuration before loading anything (None: it may go on)."""
+    if "host" not in config.values:  # no HTTP front end
+        return None
+    from superfluid.plugins.http.auth import open_door as refusal
+    return refusal(config.get("host"), config.get("key-policy"), bool(config.get("insecure")))
 
 
 def load(argv: list[str]):
@@ -55,10 +99,16 @@ def load(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "keys":
+        return keys_main(argv[1:])
     try:
         config, pm = load(argv)
+        refusal = open_door(config)
     except ConfigError as exc:
         print(f"superfluid: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if refusal:  # before any model loads: an exposed server with no keys never starts
+        print(f"superfluid: refusing to start: {refusal}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config["log-level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

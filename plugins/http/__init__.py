@@ -45,10 +45,28 @@ def superfluid_add_config(schema):
     schema.add(Option("fim-max-batch", int, 2, "lanes of --fim-model", in_range(1, 256), metavar="N"))
     schema.add(Option("fim-max-context", int, 0, f"context of --fim-model (0: the model's, at most {MAX_FIM_CONTEXT})",
                       in_range(0, MAX_FIM_CONTEXT), metavar="N"))
+    schema.add(Option("key-policy", str, None, "API keys and what each may do (TOML, [keys.NAME] tables; "
+                      "see `superfluid keys new`); re-read on SIGHUP", metavar="FILE.toml"))
+    schema.add(Option("insecure", bool, False, "serve a non-loopback --host without a --key-policy (anyone "
+                      "who reaches the port may use every model and /admin)"))
 
 
 @hookimpl
 def superfluid_configure(config):
+    _check_policy(config)
+    _configure_fim(config)
+
+
+def _check_policy(config):
+    """Before any model loads, a bad key policy stops here (a ConfigError naming the line and
+    the key). The open-door refusal (auth.open_door) is `serve`'s, in core/cli.py: loading a
+    configuration that listens on 0.0.0.0 is not yet serving it."""
+    from .keys import load_policy
+    if config.get("key-policy"):
+        load_policy(config["key-policy"])
+
+
+def _configure_fim(config):
     path = config.get("fim-model")
     if not path:
         return

@@ -1,0 +1,173 @@
+"""Who is asking: the API key of a request, and what the door lets through.
+
+With a key policy every route but /health needs a known key (``Authorization: Bearer …``, what
+the ``openai`` client sends, or ``x-api-key``): a missing or unknown one is a 401
+``invalid_api_key``, /admin/* without an admin key a 403. Without a policy /admin/* answers
+loopback clients only, since it can unload models. The key rides on the request
+(:func:`request_key`) for the routes to check models, grants and session owners; secrets are
+never logged, only key names. Every response carries ``x-superfluid-qos`` with the class the
+request got (set in ``on_response_prepare``, so streamed replies carry it too)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from aiohttp import web
+
+from superfluid.core import qos as qos_classes
+from superfluid.core.errors import SuperfluidError
+
+log = logging.getLogger("superfluid.http")
+
+QOS_HEADER = "x-superfluid-qos"
+KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
+APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
+PUBLIC = ("/health",)       # liveness probes carry no key
+
+
+class Unauthorized(SuperfluidError):
+    status = 401
+    type = "invalid_request_error"  # what OpenAI answers for a bad key
+    code = "invalid_api_key"
+
+
+class Forbidden(SuperfluidError):
+    status = 403
+    type = "permission_error"
+
+
+def request_key(request):
+    """The request's key (None without a policy, or for a non-aiohttp request in unit tests)."""
+    try:
+        return request.get(KEY)
+    except AttributeError:
+        return None
+
+
+def note_class(request, cls: str) -> str:
+    """Record the class a request got, for its response's ``x-superfluid-qos``."""
+    try:
+        request[APPLIED] = cls
+    except TypeError:
+        pass
+    return cls
+
+
+def applied_class(request, config, asked: str | None = None) -> str:
+    """The class a request gets: what it asks for (``asked``, else the header if honoured),
+    capped at its key's class; with nothing asked, the key's class or --http-default-qos."""
+    if asked is None:
+        header = request.headers.get(QOS_HEADER)
+        if header is not None and config["http-qos-header"]:
+            asked = qos_classes.resolve(header)
+    key = request_key(request)
+    if key is not None:
+        return key.cap(asked)
+    return asked or config["http-default-qos"]
+
+
+def check_model(request, model: str) -> None:
+    key = request_key(request)
+    if key is not None and not key.allows_model(model):
+        raise Forbidden(f"key {key.name!r} may not use model {model!r}", param="model", code="model_not_allowed")
+
+
+def may_see(request, owner: str | None) -> bool:
+    """Whether the request's key may see a session opened by ``owner`` (a key name): its own
+    sessions, or all of them with an admin key or without a policy."""
+    key = request_key(request)
+    return key is None or key.admin or owner == key.name
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether a listen address reaches only this machine ("localhost", 127.x, ::1)."""
+    host = (host or "").strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name (or "" for every address) may well be reachable from outside
+
+
+def open_door(host: str | None, key_policy: str | None, insecure: bool) -> str | None:
+    """Why ``serve`` must not start (None: it may): a non-loopback address with no key policy
+    lets anyone on the network use every model and claim any class."""
+    if host is None or is_loopback_host(host) or key_policy or insecure:  # None: no --host option
+        return None
+    return (f"--host {host or '(all addresses)'} is not a loopback address and no --key-policy is set: "
+            f"anyone who can reach the port could use every model, claim the interactive class and "
+            f"unload models. Give --key-policy FILE.toml (see `superfluid keys new`), or --insecure "
+            f"to serve without keys anyway.")
+
+
+def _remote_is_loopback(request) -> bool:
+    remote = request.remote or ""
+    try:
+        addr = ipaddress.ip_address(remote.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _is_admin(request) -> bool:
+    route = request.match_info.route
+    canonical = getattr(route.resource, "canonical", "") if route.resource is not None else ""
+    return any(p == "/admin" or p.startswith("/admin/") for p in (request.path, canonical))
+
+
+def _secret(request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, value = auth.strip().partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key", "").strip() or None
+
+
+def middleware(policy_file, config):
+    """The authenticating middleware; ``policy_file`` a :class:`~.keys.PolicyFile` or None."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler):
+        policy = policy_file.current if policy_file is not None else None
+        if policy is None:
+            if _is_admin(request) and not _remote_is_loopback(request):
+                raise Forbidden("without a key policy /admin routes answer loopback clients only "
+                                "(start the server with --key-policy to manage it remotely)",
+                                code="admin_loopback_only")
+            return await handler(request)
+        if request.path in PUBLIC:
+            return await handler(request)
+        secret = _secret(request)
+        if secret is None:
+            raise Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer KEY' "
+                               "or 'x-api-key: KEY'.", headers={"WWW-Authenticate": "Bearer"})
+        key = policy.identify(secret)
+        if key is None:
+            log.warning("%s %s %s: unknown API key", request.remote, request.method, request.path)
+            raise Unauthorized("Incorrect API key provided.", headers={"WWW-Authenticate": "Bearer"})
+        request[KEY] = key
+        if _is_admin(request) and not key.admin:
+            log.warning("key %s: refused %s %s (not an admin key)", key.name, request.method, request.path)
+            raise Forbidden(f"key {key.name!r} may not use /admin routes", code="admin_required")
+        return await handler(request)
+
+    return authenticate
+
+
+def qos_header(config):
+    """An ``on_response_prepare`` callback: every response names the class applied."""
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        cls = request.get(APPLIED)
+        if cls is None:
+            try:
+                cls = applied_class(request, config)
+            except SuperfluidError:  # a bad header: the class it would have had without one
+                key = request_key(request)
+                cls = key.qos if key is not None else config["http-default-qos"]
+        response.headers[QOS_HEADER] = cls
+
+    return add
