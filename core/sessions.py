@@ -56,6 +56,7 @@ class Session:
     pinned_tokens: list[int] | None = None              # the system prompt's tokens, once pinned
     pinned_by: object | None = attrs.field(default=None, repr=False)
     window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
+    owner: str | None = None  # the name of the API key that opened it (an opaque string; None: no policy)
 
     @property
     def anchor(self) -> int:
@@ -86,7 +87,8 @@ class Session:
                 "system": self.system, "pin_system": self.pin_system, "state": self.state, "turns": self.turns,
                 "created": int(self.created), "busy": self.busy,
                 "parked_tokens": len(self.artifact_tokens or []),
-                "window_start": self.window_start, "dropped_messages": self.dropped_messages}
+                "window_start": self.window_start, "dropped_messages": self.dropped_messages,
+                "owner": self.owner}
 
 
 class SessionStore:
@@ -131,12 +133,16 @@ class SessionStore:
 
     # ---- operations ----------------------------------------------------------------------------
 
-    def create(self, model: str, qos: str, system: str | None, pin_system: bool = False) -> Session:
+    def create(self, model: str, qos: str, system: str | None, pin_system: bool = False,
+               owner: str | None = None) -> Session:
+        """A new session; ``owner``: who opened it (a front end's name for the client, e.g. its
+        API key's), kept in the log so ownership survives a restart."""
         session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system,
-                          pin_system=pin_system)
+                          pin_system=pin_system, owner=owner)
         self.sessions[session.id] = session
         self._append(session, {"op": "create", "id": session.id, "model": model, "qos": qos,
-                               "system": system, "pin_system": pin_system, "created": session.created})
+                               "system": system, "pin_system": pin_system, "created": session.created,
+                               "owner": owner})
         log.info("session %s created on %s (%s)", session.id, model, qos)
         return session
 
@@ -249,7 +255,7 @@ def _replay(path: Path) -> Session | None:
                         raise ValueError("the first record is not a create")
                     session = Session(id=rec["id"], model=rec["model"], qos=rec["qos"],
                                       system=rec.get("system"), pin_system=bool(rec.get("pin_system")),
-                                      created=float(rec.get("created", 0)))
+                                      created=float(rec.get("created", 0)), owner=rec.get("owner"))
                 elif op == "turn":
                     if not isinstance(rec["messages"], list) or not isinstance(rec["reply"], dict):
                         raise ValueError("a turn needs messages and a reply")

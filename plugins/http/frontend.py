@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 
 from aiohttp import web
 
+from . import auth
 from .admin_routes import AdminRoutes
 from .catchup import LoopCatchup
 from .errors import json_errors
 from .info_routes import InfoRoutes
+from .keys import PolicyFile
 from .openai_routes import OpenAIRoutes
 from .session_routes import SessionRoutes
 
@@ -19,9 +22,13 @@ log = logging.getLogger("superfluid.http")
 MAX_BODY_BYTES = 64 << 20
 
 
-def build_app(daemon, config, catchup: LoopCatchup | None = None) -> web.Application:
-    """The application; ``catchup``: the event loop's catch-up its bridges count wake-ups on."""
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+def build_app(daemon, config, catchup: LoopCatchup | None = None,
+              keys: PolicyFile | None = None) -> web.Application:
+    """The application; ``catchup``: the event loop's catch-up its bridges count wake-ups on;
+    ``keys``: the key policy (None: no keys, /admin for loopback clients only)."""
+    # json_errors outermost, so authentication's 401s and 403s leave as OpenAI-style bodies
+    app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(auth.qos_header(config))
     openai = OpenAIRoutes(daemon, config, catchup)
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
@@ -36,10 +43,19 @@ class HttpFrontend:
         self.config = config
         self.runner: web.AppRunner | None = None
         self.catchup: LoopCatchup | None = None
+        self.keys: PolicyFile | None = None
+        self._sighup = False
 
     async def start(self) -> None:
-        self.catchup = LoopCatchup(asyncio.get_running_loop())
-        app = build_app(self.daemon, self.config, self.catchup)
+        loop = asyncio.get_running_loop()
+        self.catchup = LoopCatchup(loop)
+        if self.config.get("key-policy"):
+            self.keys = PolicyFile(self.config["key-policy"])  # a bad file: ConfigError, exit 2
+            # SIGHUP re-reads it; a request in flight keeps its key, a bad file keeps the old policy
+            loop.add_signal_handler(signal.SIGHUP, self.keys.reload)
+            self._sighup = True
+            log.info("key policy %s: %d keys", self.keys.path, len(self.keys.current.keys))
+        app = build_app(self.daemon, self.config, self.catchup, self.keys)
         # handler_cancellation: a client that disconnects cancels its handler, which cancels its lane.
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
@@ -53,6 +69,9 @@ class HttpFrontend:
         print(f"superfluid: serving {', '.join(self.daemon.models)} on http://{host}:{port}", flush=True)
 
     async def stop(self) -> None:
+        if self._sighup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            self._sighup = False
         if self.catchup is not None:
             self.catchup.detach()
             if self.daemon.pm.is_registered(self.catchup):

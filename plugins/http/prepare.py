@@ -11,12 +11,12 @@ from typing import Callable
 
 import attrs
 
-from superfluid.core import qos as qos_classes
 from superfluid.core.chat import render_chat
-from superfluid.core.errors import ContextLengthExceeded, InvalidRequest, SuperfluidError
+from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.request import Request
 
 from . import params, tool_validate
+from .auth import Forbidden, applied_class, check_model, note_class, request_key
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .tool_format import ToolPlan
 from .tool_render import render_prompt
@@ -24,11 +24,6 @@ from .tool_render import render_prompt
 QOS_HEADER = "x-superfluid-qos"
 BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
 NO_TOOLS = ToolPlan()
-
-
-class Forbidden(SuperfluidError):
-    status = 403
-    type = "permission_error"
 
 
 @attrs.define(frozen=True)
@@ -48,15 +43,14 @@ class Prepared:
 
 
 def request_class(request, config) -> str:
-    """The QoS class a request asks for (the header, if honoured), else the default."""
-    header = request.headers.get(QOS_HEADER)
-    if header is not None and config["http-qos-header"]:
-        return qos_classes.resolve(header)
-    return config["http-default-qos"]
+    """The QoS class a request gets: the header's, if honoured, else the default; with a key
+    policy the key's class is both the default and the ceiling (see :func:`.auth.applied_class`)."""
+    return applied_class(request, config)
 
 
 def batch_invariant(request, config) -> bool:
-    """The x-superfluid-batch-invariant header; a 403 unless --http-allow-batch-invariant."""
+    """The x-superfluid-batch-invariant header; a 403 unless --http-allow-batch-invariant (with a
+    key policy: unless the key's ``batch-invariant`` grant)."""
     raw = request.headers.get(BATCH_INVARIANT_HEADER)
     if raw is None:
         return False
@@ -66,23 +60,36 @@ def batch_invariant(request, config) -> bool:
     if value not in ("1", "true", "yes", "on"):
         raise InvalidRequest(f"{BATCH_INVARIANT_HEADER} must be true or false, got {raw!r}",
                              param=BATCH_INVARIANT_HEADER, code="invalid_value")
-    if not config["http-allow-batch-invariant"]:
+    key = request_key(request)
+    if key is not None:
+        if not key.batch_invariant:
+            raise Forbidden(f"batch-invariant lanes tick alone and can serialize the server; key {key.name!r} "
+                            f"is not granted them (batch-invariant = true in the key policy)",
+                            param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
+    elif not config["http-allow-batch-invariant"]:
         raise Forbidden("batch-invariant lanes tick alone and can serialize the server; this server "
                         "does not allow them (start it with --http-allow-batch-invariant)",
                         param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
     return True
 
 
-def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int) -> int:
+def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0) -> int:
     """OpenAI's defaults: the rest of the context for chat, 16 for completions; too many is a 400.
     A prompt that alone fills the context is the scheduler's to refuse (its error names the
-    prompt, not this field), so it gets 1 here."""
+    prompt, not this field), so it gets 1 here. ``cap`` (a key's ``max-tokens``, 0: none): asking
+    for more is a 400 naming the field (a client told it was clamped could not tell a short reply
+    from a cut one); the default is clamped to it."""
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     value = params.integer(body, key, None, 1)
+    if cap and value is not None and value > cap:
+        raise InvalidRequest(f"{key} is {value}, but this API key may ask for at most {cap} tokens per reply",
+                             param=key, code="max_tokens_exceeded")
     if n_prompt >= ctx:
         return 1
     if value is None:
         value = ctx - n_prompt if chat else 16
+        if cap:
+            value = min(value, cap)
     if n_prompt + value > ctx:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
@@ -154,6 +161,7 @@ class Preparer:
                                       params.text(body, "prompt"))
         else:
             prefix, suffix, middle = params.fim_parts(body), params.text(body, "suffix"), ""
+        check_model(request, runtime.name)  # before the request spends a rate-limit token
         self.fim.admit(request)
         return runtime, fim_prompt(runtime, prefix, suffix, middle)
 
@@ -177,20 +185,25 @@ class Preparer:
             runtime, tokens, tools = self.chat_prompt(body)
         else:
             runtime, tokens = self._completion_prompt(body)
+        check_model(request, runtime.name)
+        key = request_key(request)
         ctx = runtime.scheduler.settings.context_length
         stream = params.boolean(body, "stream")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        limit = max_tokens(body, kind != "completion", len(tokens), ctx)
+        limit = max_tokens(body, kind != "completion", len(tokens), ctx, key.max_tokens if key is not None else 0)
         sampling = params.sampling(body)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
         stop = params.stop_strings(body) + tools.stop
         ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
-        cls = FIM_CLASS if fim else request_class(request, self.config)  # validated also when overridden
+        cls = request_class(request, self.config)  # the header is validated also when overridden
+        if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
+            cls = applied_class(request, self.config, asked=FIM_CLASS if qos is None else qos)
+        note_class(request, cls)
         req = Request(
             prompt_tokens=tokens, max_tokens=limit, sink=make_sink(stream), sampling=sampling, stop=stop,
             ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
-            qos=cls if qos is None else qos, start_deadline=self.fim.deadline(arrived) if fim else None,
+            qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
             arrived=arrived, meta={"chat": kind == "chat", "fim": fim})
         return Prepared(kind=kind, runtime=runtime, request=req, tools=tools, stream=stream,
                         include_usage=include_usage)

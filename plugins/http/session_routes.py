@@ -13,9 +13,10 @@ from aiohttp import web
 
 from superfluid.core import qos as qos_classes
 from superfluid.core.errors import InvalidRequest
-from superfluid.core.sessions import SessionConflict
+from superfluid.core.sessions import SessionConflict, SessionNotFound
 
 from . import params
+from .auth import applied_class, check_model, may_see, note_class, request_key
 from .params import read_body
 from .prepare import request_class
 
@@ -49,17 +50,21 @@ class SessionRoutes:
         if model is not None and not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model", code="invalid_type")
         runtime = self.daemon.get(model)
+        check_model(request, runtime.name)
         if "qos" in body:
             if not isinstance(body["qos"], str):
                 raise InvalidRequest("qos must be a string", param="qos", code="invalid_type")
-            cls = qos_classes.resolve(body["qos"], param="qos")
+            cls = applied_class(request, self.config, asked=qos_classes.resolve(body["qos"], param="qos"))
         else:
             cls = request_class(request, self.config)
+        note_class(request, cls)
         system = params.text(body, "system") or None
         pin = params.boolean(body, "pin_system")
         if pin and not system:
             raise InvalidRequest("pin_system needs a system prompt", param="pin_system", code="invalid_value")
-        session = self.store.create(runtime.name, cls, system, pin_system=pin)
+        key = request_key(request)  # the session belongs to the key that opened it
+        session = self.store.create(runtime.name, cls, system, pin_system=pin,
+                                    owner=key.name if key is not None else None)
         self._pin(session, runtime)
         return web.json_response(session.view(), status=201)
 
@@ -75,14 +80,15 @@ class SessionRoutes:
 
     async def list(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list",
-                                  "data": [s.view() for s in list(self.store.sessions.values())]})
+                                  "data": [s.view() for s in list(self.store.sessions.values())
+                                           if may_see(request, s.owner)]})
 
     async def show(self, request: web.Request) -> web.Response:
-        session = self.store.get(request.match_info["sid"])
+        session = self._get(request, request.match_info["sid"])
         return web.json_response({**session.view(), "messages": session.messages})
 
     async def close(self, request: web.Request) -> web.Response:
-        session = self._usable(request.match_info["sid"], idle=True)
+        session = self._usable(request, request.match_info["sid"], idle=True)
         self.store.close(session)
         runtime = self.daemon.models.get(session.model)
         if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.scheduler:
@@ -91,21 +97,22 @@ class SessionRoutes:
         return web.json_response({"id": session.id, "object": "session.deleted", "deleted": True})
 
     async def set_qos(self, request: web.Request) -> web.Response:
-        session = self._usable(request.match_info["sid"])
+        session = self._usable(request, request.match_info["sid"])
         body = params.check_fields(await read_body(request), {"qos"})
         if not isinstance(body.get("qos"), str):
             raise InvalidRequest("qos is required (a class name)", param="qos", code="invalid_type")
-        self.store.set_qos(session, qos_classes.resolve(body["qos"], param="qos"))
+        cls = applied_class(request, self.config, asked=qos_classes.resolve(body["qos"], param="qos"))
+        self.store.set_qos(session, note_class(request, cls))
         return web.json_response(session.view())
 
     async def park(self, request: web.Request) -> web.Response:
-        session = self._usable(request.match_info["sid"], idle=True)
+        session = self._usable(request, request.match_info["sid"], idle=True)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.daemon.park_session, session)
         return web.json_response(session.view())
 
     async def turn(self, request: web.Request) -> web.StreamResponse:
-        session = self._usable(request.match_info["sid"], idle=True)
+        session = self._usable(request, request.match_info["sid"], idle=True)
         body = params.check_fields(await read_body(request), TURN_FIELDS)
         params.chat_messages(body)  # validates the new messages (400s name the field)
         runtime = self.daemon.get(session.model)
@@ -172,8 +179,16 @@ class SessionRoutes:
                  "left its oldest messages out (%d dropped in all), %d tokens kept",
                  session.id, before, reserve, ctx, session.dropped_messages, after)
 
-    def _usable(self, sid: str, idle: bool = False):
+    def _get(self, request, sid: str):
+        """The session, if the request's key may see it: another key's session is a 404, as if
+        it did not exist (admin keys see every session)."""
         session = self.store.get(sid)
+        if not may_see(request, session.owner):
+            raise SessionNotFound(f"No session with id {sid!r}", param="session_id")
+        return session
+
+    def _usable(self, request, sid: str, idle: bool = False):
+        session = self._get(request, sid)
         if session.state == "closed":
             raise SessionConflict(f"session {sid} is closed", param="session_id", code="session_closed")
         if idle and session.busy:
