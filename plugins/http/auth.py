@@ -115,7 +115,8 @@ def _remote_is_loopback(request) -> bool:
 def _is_admin(request) -> bool:
     route = request.match_info.route
     canonical = getattr(route.resource, "canonical", "") if route.resource is not None else ""
-    return any(p == "/admin" or p.startswith("/admin/") for p in (request.path, canonical))
+    paths = (request.path, canonical if isinstance(canonical, str) else "")
+    return any(p == "/admin" or p.startswith("/admin/") for p in paths)
 
 
 def _secret(request) -> str | None:

@@ -7,6 +7,7 @@ response header, the max-tokens cap, SIGHUP reloads, /admin without a policy, an
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import signal
@@ -257,9 +258,14 @@ def _until(check, timeout=10.0) -> bool:
 def test_sighup_reload_picks_up_a_new_key_and_keeps_the_old_policy_on_a_bad_file(keyed, policy_file):
     new = "sk-new-secret"
     assert chat(keyed, key=new)[0] == 401
-    policy_file.write_text(POLICY + f'\n[keys.new]\nsha256 = "{hash_secret(new)}"\nclass = "background"\n')
-    os.kill(keyed.proc.pid, signal.SIGHUP)
-    assert _until(lambda: chat(keyed, key=new)[0] == 200), keyed.log()
+    with cf.ThreadPoolExecutor(1) as pool:  # a request in flight across the reload is not dropped
+        running = pool.submit(chat, keyed, key="top", max_tokens=48, ignore_eos=True, stream=False)
+        time.sleep(0.3)
+        policy_file.write_text(POLICY + f'\n[keys.new]\nsha256 = "{hash_secret(new)}"\nclass = "background"\n')
+        os.kill(keyed.proc.pid, signal.SIGHUP)
+        assert _until(lambda: chat(keyed, key=new)[0] == 200), keyed.log()
+        status, _, body = running.result(timeout=120)
+        assert status == 200 and body["usage"]["completion_tokens"] == 48, body
     assert chat(keyed, key=new)[1]["x-superfluid-qos"] == "background"
     # a bad file: the old policy (with "new") stays, and the log names the key and the line
     lanes_line = POLICY.count("\n") + 4  # a blank line, the header, sha256, then lanes

@@ -223,3 +223,36 @@ def test_serve_with_bad_policy_names_key_and_line(tmp_path):
            "--model", str(tmp_path / "missing.gguf")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"{policy}:3: key 'a'" in done.stderr, done.stderr
+
+
+def _admin_request(remote: str, path: str = "/admin/models"):
+    """A mocked aiohttp request from ``remote`` (the middleware reads only the path, the
+    matched route and the peer)."""
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (remote, 40000) if name == "peername" else default
+    return make_mocked_request("GET", path, transport=transport)
+
+
+@pytest.mark.parametrize("remote, allowed", [("127.0.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+                                             ("10.0.0.5", False), ("192.168.1.9", False)])
+def test_admin_without_policy_answers_loopback_only(remote, allowed):
+    import asyncio
+
+    from superfluid.plugins.http.auth import Forbidden, middleware
+
+    async def handler(request):
+        return "handled"
+
+    async def go(path):
+        return await middleware(None, {})(_admin_request(remote, path), handler)
+
+    if allowed:
+        assert asyncio.run(go("/admin/models")) == "handled"
+    else:
+        with pytest.raises(Forbidden) as exc:
+            asyncio.run(go("/admin/models"))
+        assert exc.value.code == "admin_loopback_only" and "--key-policy" in exc.value.message
+    assert asyncio.run(go("/v1/models")) == "handled"  # only /admin is held to loopback
