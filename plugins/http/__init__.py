@@ -11,6 +11,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
 from .fim import FIM_MODEL_NAME
+from .limits import STOP_CAP, TOOLS_CAP
 from .metrics import METRICS
 from .ratelimit import parse_rate
 
@@ -34,6 +35,25 @@ def superfluid_add_config(schema):
     schema.add(Option("http-allow-batch-invariant", bool, False,
                       "allow x-superfluid-batch-invariant: true (such a lane ticks alone; any client "
                       "allowed to ask can serialize the server)"))
+    schema.add(Option("max-body-mb", int, 16, "largest request body in MiB; larger is a 413 request_too_large",
+                      in_range(1, 4096), metavar="MB"))
+    schema.add(Option("max-header-kb", int, 16, "largest request head (request line and headers) in KiB; "
+                      "larger is a 431", in_range(1, 1024), metavar="KB"))
+    schema.add(Option("max-messages", int, 2048, "most messages in one request body (more: 400 naming messages)",
+                      in_range(1, 1 << 20), metavar="N"))
+    schema.add(Option("max-stop", int, 16, f"most stop strings in one request (more: 400 naming stop; at most "
+                      f"{STOP_CAP})", in_range(1, STOP_CAP), metavar="N"))
+    schema.add(Option("max-tools", int, 128, f"most tools in one request (more: 400 naming tools; at most "
+                      f"{TOOLS_CAP})", in_range(1, TOOLS_CAP), metavar="N"))
+    schema.add(Option("header-timeout", float, 10.0, "seconds a client has to send a request's head, from its "
+                      "first byte (or the connection's opening); then 408 and the connection is closed",
+                      in_range(0.1, 3600.0), metavar="S"))
+    schema.add(Option("body-timeout", float, 60.0, "seconds a client has to send a request's body; then 408",
+                      in_range(0.1, 3600.0), metavar="S"))
+    schema.add(Option("keepalive-timeout", float, 15.0, "seconds an idle keep-alive connection stays open",
+                      in_range(0.1, 3600.0), metavar="S"))
+    schema.add(Option("max-connections", int, 1024, "open client connections at most; one more is a 503 "
+                      "with Retry-After, closed at once", in_range(1, 1 << 20), metavar="N"))
     schema.add(Option("completion-rate", str, "10/s", "fill-in-the-middle requests per client: the token "
                       "bucket's refill rate (N/s, N/m, N/h)", parse=_rate, metavar="RATE"))
     schema.add(Option("completion-burst", int, 20, "fill-in-the-middle requests per client: the bucket's size",

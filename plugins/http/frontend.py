@@ -14,12 +14,11 @@ from .catchup import LoopCatchup
 from .errors import json_errors
 from .info_routes import InfoRoutes
 from .keys import PolicyFile
+from .limits import LIMITS, Limits, guard
 from .openai_routes import OpenAIRoutes
 from .session_routes import SessionRoutes
 
 log = logging.getLogger("superfluid.http")
-
-MAX_BODY_BYTES = 64 << 20
 
 
 def build_app(daemon, config, catchup: LoopCatchup | None = None,
@@ -27,7 +26,9 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     """The application; ``catchup``: the event loop's catch-up its bridges count wake-ups on;
     ``keys``: the key policy (None: no keys, /admin for loopback clients only)."""
     # json_errors outermost, so authentication's 401s and 403s leave as OpenAI-style bodies
-    app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=MAX_BODY_BYTES)
+    limits = Limits.from_config(config)  # --max-body-mb and the other input limits
+    app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=limits.max_body_bytes)
+    app[LIMITS] = limits
     app.on_response_prepare.append(auth.qos_header(config))
     openai = OpenAIRoutes(daemon, config, catchup)
     openai.add_to(app)
@@ -57,8 +58,11 @@ class HttpFrontend:
             log.info("key policy %s: %d keys", self.keys.path, len(self.keys.current.keys))
         app = build_app(self.daemon, self.config, self.catchup, self.keys)
         # handler_cancellation: a client that disconnects cancels its handler, which cancels its lane.
-        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        # keep-alive, header size and head deadline: the connections are GuardedHandlers (limits.py)
+        self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                    **app[LIMITS].server_kwargs())
         await self.runner.setup()
+        guard(self.runner)
         host, port = self.config["host"], self.config["port"]
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
 
-from superfluid.core.errors import InvalidRequest
+from superfluid.core.errors import InvalidRequest, RequestTimeout
 from superfluid.core.request import SamplingParams
+
+from .limits import LIMITS, STOP_CAP, Limits
 
 _SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty"}
@@ -22,9 +25,47 @@ INFILL_FIELDS = _COMMON | {"input_prefix", "input_suffix", "input_extra", "promp
 FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "infill": INFILL_FIELDS}
 
 
+def _limits(request) -> Limits | None:
+    try:
+        return request.config_dict.get(LIMITS)
+    except AttributeError:  # not an aiohttp request (a test's stand-in): no limits
+        return None
+
+
+async def _read(request, limits: Limits | None) -> bytes:
+    """The raw body: over --max-body-mb is a 413 (by Content-Length before reading it; aiohttp's
+    client_max_size for a chunked body), slower than --body-timeout a 408."""
+    if limits is None:
+        return await request.read()
+    length = request.content_length
+    if length is not None and length > limits.max_body_bytes:
+        raise InvalidRequest(f"the request body is {length} bytes; at most {limits.max_body_bytes} "
+                             f"({limits.max_body_bytes >> 20} MiB, --max-body-mb) are accepted",
+                             code="request_too_large", status=413)
+    try:
+        return await asyncio.wait_for(request.read(), limits.body_timeout)
+    except asyncio.TimeoutError:
+        raise RequestTimeout(f"the request body was not received within {limits.body_timeout:g} s "
+                             "(--body-timeout)") from None
+
+
+def check_counts(body: Any, limits: Limits) -> None:
+    """Lists longer than their limit (--max-messages, --max-stop, --max-tools): a 400 naming the field."""
+    if not isinstance(body, dict):
+        return
+    for key, most, flag in (("messages", limits.max_messages, "--max-messages"),
+                            ("stop", limits.max_stop, "--max-stop"), ("tools", limits.max_tools, "--max-tools")):
+        value = body.get(key)
+        if isinstance(value, list) and len(value) > most:
+            raise InvalidRequest(f"{key} may hold at most {most} entries ({flag}), got {len(value)}",
+                                 param=key, code="array_above_max_length")
+
+
 async def read_body(request) -> dict:
-    """The request's body as JSON: not UTF-8, empty, or not JSON is a 400 saying which."""
-    raw = await request.read()
+    """The request's body as JSON: not UTF-8, empty, or not JSON is a 400 saying which; the
+    server's input limits (limits.py) apply."""
+    limits = _limits(request)
+    raw = await _read(request, limits)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -32,9 +73,16 @@ async def read_body(request) -> dict:
     if not text.strip():
         raise InvalidRequest("request body is empty; send a JSON object", code="invalid_body")
     try:
-        return json.loads(text)
+        body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # an integer over Python's 4300 digits
+        raise InvalidRequest(f"request body holds a value we cannot parse: {exc}", code="invalid_json") from None
+    if limits is not None:
+        check_counts(body, limits)
+    return body
 
 
 def text(body: dict, key: str) -> str:
@@ -73,7 +121,13 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"{key} must be a number", param=key, code="invalid_type")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
         raise InvalidRequest(f"{key} must be a number", param=key, code="invalid_type")
     if not lo <= value <= hi:
         raise InvalidRequest(f"{key} must be between {lo} and {hi}, got {value}", param=key,
@@ -103,7 +157,8 @@ def boolean(body: dict, key: str, default: bool = False) -> bool:
 
 
 def sampling(body: dict) -> SamplingParams:
-    repeat = body.get("repeat_penalty", body.get("repetition_penalty"))
+    repeat_key = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
+    repeat = body.get(repeat_key)
     seed = integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
     return SamplingParams(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -111,7 +166,7 @@ def sampling(body: dict) -> SamplingParams:
         top_k=integer(body, "top_k", 0, 0, 1 << 20),
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         seed=seed,
-        repeat_penalty=_number({"r": repeat}, "r", 1.0, 0.0, 10.0) if repeat is not None else 1.0,
+        repeat_penalty=_number(body, repeat_key, 1.0, 0.0, 10.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0))
 
@@ -124,8 +179,8 @@ def stop_strings(body: dict) -> tuple[str, ...]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise InvalidRequest("stop must be a string or a list of strings", param="stop", code="invalid_type")
-    if len(stop) > 16:
-        raise InvalidRequest("stop may hold at most 16 strings", param="stop", code="invalid_value")
+    if len(stop) > STOP_CAP:  # the server's --max-stop (at most this) is checked in read_body
+        raise InvalidRequest(f"stop may hold at most {STOP_CAP} strings", param="stop", code="invalid_value")
     return tuple(s for s in stop if s)
 
 
