@@ -6,6 +6,8 @@ import time
 
 from aiohttp import web
 
+from superfluid.core.errors import ModelNotFound
+
 from .metrics import METRICS
 from .openapi import document
 
@@ -52,7 +54,9 @@ class InfoRoutes:
         snaps = {name: rt.scheduler.snapshot() for name, rt in list(self.daemon.models.items())
                  if wanted in (None, name)}
         if wanted is not None and not snaps:
-            self.daemon.get(wanted)  # raises the 404 with the list of models
+            self.daemon.get(wanted)  # raises the 404 with the list of models (503: unloaded)
+            raise ModelNotFound(f"The model {wanted!r} does not exist; served models: "
+                                f"{', '.join(self.daemon.models) or 'none'}", param="model")  # e.g. ?model=
         return web.json_response({"models": snaps})
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -293,7 +293,9 @@ def _paths() -> dict:
         "/v1/sessions": {
             "post": _op("open a session", _json(_ref("Session"), "the new session"), ok_status=201,
                         errors=_BODY, body=_ref("SessionCreateRequest"), op_id="createSession",
-                        parameters=[_QOS_HEADER]),
+                        parameters=[{**_QOS_HEADER, "schema": _str(), "description":
+                                     "the session's class when the body names none (then it must be a "
+                                     "class or alias, else 400); not read when the body has qos"}]),
             "get": _op("all sessions", _json(_obj({"object": _str(enum=["list"]),
                                                    "data": {"type": "array", "items": _ref("Session")}},
                                                   required=("object", "data")), "the sessions"),

@@ -147,8 +147,21 @@ STAGES = {
     "tools": lambda body: tool_validate.plan(body, grammars=True),
 }
 # Each stage on its own, so the later ones see bodies an earlier stage would have refused.
+def _sampling_broken() -> bool:
+    """The sampling bugs this fuzzer found, while they are not fixed (then the fuzzing skips them)."""
+    for body in ({"temperature": 10 ** 400}, {"repeat_penalty": "x"}):
+        try:
+            params.sampling(body)
+        except SuperfluidError as exc:
+            if exc.param not in body:
+                return True
+        except OverflowError:
+            return True
+    return False
+
+
 KNOWN_STAGE_BUGS = {"sampling": "huge integers (> 1e308) reach math.isfinite: OverflowError (a 500); "
-                                "repeat_penalty's errors name param 'r'"}
+                                "repeat_penalty's errors name param 'r'"} if _sampling_broken() else {}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))

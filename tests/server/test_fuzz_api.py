@@ -1,0 +1,122 @@
+"""Fuzzing the HTTP API against its own description: schemathesis generates requests from
+``GET /openapi.json`` of a real server (valid ones and ones that break the schema), and every
+response must be no 5xx, a documented status and content type, and match its schema; schema-
+breaking requests must be refused. The server is healthy afterwards.
+
+Bounded for CI (SUPERFLUID_FUZZ_EXAMPLES per operation and mode, default 60) and cheap per
+request: the server's context is small, so no generation runs long. The admin unload route is
+left out (it would take the model away mid-run); ``-s`` prints what was sent and found."""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis.errors import Unsatisfiable  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = int(os.environ.get("SUPERFLUID_FUZZ_EXAMPLES", "60"))
+EXCLUDED = {("POST", "/admin/models/{name}/unload")}
+# Schema-valid bodies the server refuses for what a schema cannot say (a prompt longer than the
+# context, a tool message without tool_call_id, duplicate tool names, an unknown model) are 400s
+# and 404s by design, so "positive data acceptance" is not checked; every other check is.
+EXCLUDED_CHECKS = [schemathesis.checks.positive_data_acceptance]
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(start_server):
+    # a small context bounds every generation; a generous FIM bucket lets /infill run, not 429
+    return start_server("--max-batch", "4", "--max-context", "192", "--completion-rate", "1000/s",
+                        "--completion-burst", "1000")
+
+
+class Tally:
+    def __init__(self):
+        self.requests = 0
+        self.statuses: collections.Counter = collections.Counter()
+        self.failures: dict[tuple, str] = {}  # (operation, check, status) -> an example
+
+    def record(self, label: str, exc: BaseException, case, response) -> None:
+        for failure in getattr(exc, "exceptions", None) or [exc]:
+            title = getattr(failure, "title", None) or type(failure).__name__
+            key = (label, title, response.status_code)
+            if key not in self.failures:
+                body = case.body if not callable(getattr(case, "body", None)) else None
+                self.failures[key] = (f"{str(failure)[:300]} | query={case.query!r} headers={case.headers!r} "
+                                      f"body={str(body)[:300]} -> {response.text[:200]!r}")
+
+    def report(self) -> str:
+        lines = [f"fuzz: {self.requests} requests sent, {len(self.failures)} distinct failures",
+                 f"fuzz: statuses {dict(sorted(self.statuses.items()))}"]
+        lines += [f"fuzz: FAIL {op} [{title}] {status}: {example}"
+                  for (op, title, status), example in self.failures.items()]
+        return "\n".join(lines)
+
+
+def _aimed(doc: dict, server) -> dict:
+    """The document with its free-form names narrowed to ones that exist (plus one that does
+    not), so requests reach generation and sessions instead of all ending in 404s."""
+    models = [m["id"] for m in server.get_json("/v1/models")["data"]]
+    sids = [server.call("POST", "/v1/sessions", body)[1]["id"]
+            for body in ({}, {"system": "Be brief.", "pin_system": True}, {"qos": "background"})]
+    schemas = doc["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest"):
+        schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "no-such-model"],
+                                                "nullable": True}
+    for item in doc["paths"].values():
+        for op in item.values():
+            for param in op.get("parameters", []):
+                if param["in"] == "path" and param["name"] == "sid":
+                    param["schema"] = {"type": "string", "enum": [*sids, "no-such-session"]}
+                if param["in"] == "path" and param["name"] == "name":
+                    param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
+                if param["in"] == "query" and param["name"] == "model":
+                    param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
+    return doc
+
+
+def test_fuzz_api(fuzz_server):
+    from schemathesis import GenerationMode
+
+    doc = fuzz_server.get_json("/openapi.json")
+    schema = schemathesis.openapi.from_dict(_aimed(doc, fuzz_server))
+    tally = Tally()
+    started = time.monotonic()
+    for result in schema.get_all_operations():
+        op = result.ok()
+        if (op.method.upper(), op.path) in EXCLUDED:
+            continue
+        label = f"{op.method.upper()} {op.path}"
+        sent = tally.requests
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+                      phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+            @given(case=op.as_strategy(generation_mode=mode))
+            def run(case):
+                response = case.call(base_url=fuzz_server.base, timeout=120)
+                tally.requests += 1
+                tally.statuses[response.status_code] += 1
+                try:
+                    case.validate_response(response, excluded_checks=EXCLUDED_CHECKS)
+                except (Exception, BaseExceptionGroup) as exc:  # collected, not raised: each distinct one counts
+                    tally.record(label, exc, case, response)
+
+            try:
+                run()
+            except Unsatisfiable:  # nothing to break in an operation without parameters
+                pass
+        print(f"fuzz: {label}: {tally.requests - sent} requests, {time.monotonic() - started:.0f} s", flush=True)
+    print(f"\n{tally.report()}\nfuzz: {time.monotonic() - started:.0f} s", flush=True)
+    health = fuzz_server.get_json("/health")
+    assert health["status"] == "ok", health
+    status, reply = fuzz_server.call("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0})
+    assert status == 200, reply
+    assert not tally.failures, tally.report()
