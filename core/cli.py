@@ -1,5 +1,6 @@
 """``superfluid serve``: parse the TOML file and flags, load the models, run the front ends.
-``superfluid keys new NAME``: add an API key to a key policy file (the secret is printed once)."""
+Plugins add other subcommands through ``superfluid_add_commands`` (the HTTP front end's
+``superfluid keys new NAME``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from typing import Callable
+
+import attrs
 
 from . import __version__
 from .config import Schema, add_flags, build_config, core_options, read_toml
@@ -23,7 +27,7 @@ def _pre_parse(argv: list[str]) -> tuple[str | None, dict]:
     return known.config, toml
 
 
-def build_parser(schema: Schema) -> argparse.ArgumentParser:
+def build_parser(schema: Schema, commands: dict[str, Command] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="superfluid", description="QoS-aware LLM serving daemon")
     parser.add_argument("--version", action="version", version=f"superfluid {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -31,50 +35,31 @@ def build_parser(schema: Schema) -> argparse.ArgumentParser:
                            description="Every option is also a TOML key of the same name; flags override the file.")
     serve.add_argument("--config", metavar="FILE.toml", help="TOML configuration file")
     add_flags(serve, schema)
-    _add_keys_parser(sub)
+    for command in (commands or {}).values():
+        command.add_arguments(sub.add_parser(command.name, help=command.help, description=command.help))
     return parser
 
 
-DEFAULT_KEY_FILE = "keys.toml"
+@attrs.define(frozen=True)
+class Command:
+    """A subcommand a plugin adds (``superfluid_add_commands``)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
-def _add_keys_parser(sub) -> None:
-    keys = sub.add_parser("keys", help="manage the API keys of a --key-policy file")
-    ksub = keys.add_subparsers(dest="keys_command", required=True)
-    new = ksub.add_parser("new", help="make a random secret, print it once and write its hash into the file",
-                          description="The secret itself is stored nowhere; a lost one is replaced by a new key.")
-    new.add_argument("name", metavar="NAME", help="the key's name (letters, digits, '-', '_'); logs name keys by it")
-    new.add_argument("--class", dest="qos_class", default="agent", metavar="C",
-                     help="the highest QoS class the key may use, and its default (default: agent)")
-    new.add_argument("--file", default=DEFAULT_KEY_FILE, metavar="F",
-                     help=f"the key policy file, created if missing (default: {DEFAULT_KEY_FILE})")
+def plugin_commands(pm) -> dict[str, Command]:
+    commands: dict[str, Command] = {}
 
+    def register(name: str, help: str, add_arguments, run) -> None:
+        if name == "serve" or name in commands:
+            raise ValueError(f"command {name!r} registered twice")
+        commands[name] = Command(name, help, add_arguments, run)
 
-def keys_main(argv: list[str]) -> int:
-    """``superfluid keys new NAME [--class C] [--file F]``: the secret on stdout, alone, so a
-    script can capture it; what to do with it on stderr."""
-    parser = argparse.ArgumentParser(prog="superfluid")
-    _add_keys_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["keys", *argv])
-    from superfluid.plugins.http.keys import new_key  # the policy's format is the HTTP front end's
-    try:
-        secret = new_key(args.file, args.name, args.qos_class)
-    except ConfigError as exc:
-        print(f"superfluid: {exc}", file=sys.stderr)
-        return 2
-    print(secret, flush=True)
-    print(f"superfluid: key {args.name!r} ({args.qos_class}) added to {args.file}; the secret above is shown "
-          f"only now. Send it as 'Authorization: Bearer <secret>'; SIGHUP a running server to load it.",
-          file=sys.stderr)
-    return 0
-
-
-def open_door(config) -> str | None:
-    """Why ``serve`` must refuse this configuration before loading anything (None: it may go on)."""
-    if "host" not in config.values:  # no HTTP front end
-        return None
-    from superfluid.plugins.http.auth import open_door as refusal
-    return refusal(config.get("host"), config.get("key-policy"), bool(config.get("insecure")))
+    pm.hook.superfluid_add_commands(register=register)
+    return commands
 
 
 def load(argv: list[str]):
@@ -90,7 +75,7 @@ def load(argv: list[str]):
     for opt in core_options():
         schema.add(opt)
     pm.hook.superfluid_add_config(schema=schema)
-    args = build_parser(schema).parse_args(argv)
+    args = build_parser(schema, plugin_commands(pm)).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = build_config(schema, toml, flags, source=source)
     pm.hook.superfluid_configure(config=config)
@@ -99,16 +84,19 @@ def load(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "keys":
-        return keys_main(argv[1:])
+    if argv and not argv[0].startswith("-") and argv[0] != "serve":  # a plugin's command
+        pm = make_plugin_manager()
+        commands = plugin_commands(pm)
+        schema = Schema()
+        for opt in core_options():
+            schema.add(opt)
+        pm.hook.superfluid_add_config(schema=schema)
+        args = build_parser(schema, commands).parse_args(argv)
+        return commands[args.command].run(args)
     try:
-        config, pm = load(argv)
-        refusal = open_door(config)
+        config, pm = load(argv)  # plugins refuse a configuration here, before any model loads
     except ConfigError as exc:
         print(f"superfluid: configuration error: {exc}", file=sys.stderr)
-        return 2
-    if refusal:  # before any model loads: an exposed server with no keys never starts
-        print(f"superfluid: refusing to start: {refusal}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config["log-level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -76,6 +76,16 @@ def superfluid_add_pressure_sources(register: Callable[[PressureSource], None], 
 
 
 @hookspec
+def superfluid_add_commands(register: Callable[[str, str, Callable, Callable], None]) -> None:
+    """Register ``superfluid`` subcommands: ``register(name, help, add_arguments, run)``.
+
+    :param register: takes the subcommand's name (not ``serve``), a one-line help,
+        ``add_arguments(parser)`` to declare its arguments on an ``argparse`` parser, and
+        ``run(args) -> int`` (the exit status). Called on the main thread when the command line
+        is parsed."""
+
+
+@hookspec
 def superfluid_add_frontends(register: Callable[[object], None], config: Config, daemon: Daemon) -> None:
     """Register front ends: ``register(frontend)``, an object with ``async start()`` and
     ``async stop()``, run on the daemon's event loop.

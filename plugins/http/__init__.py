@@ -78,12 +78,21 @@ def superfluid_configure(config):
 
 
 def _check_policy(config):
-    """Before any model loads, a bad key policy stops here (a ConfigError naming the line and
-    the key). The open-door refusal (auth.open_door) is `serve`'s, in core/cli.py: loading a
-    configuration that listens on 0.0.0.0 is not yet serving it."""
+    """Before any model loads: a bad key policy stops here (a ConfigError naming the line and the
+    key), and so does an open door, a non-loopback --host with no key policy and no --insecure."""
+    from .auth import open_door
     from .keys import load_policy
     if config.get("key-policy"):
         load_policy(config["key-policy"])
+    refusal = open_door(config.get("host"), config.get("key-policy"), bool(config.get("insecure")))
+    if refusal:
+        raise ConfigError(f"refusing to start: {refusal}")
+
+
+@hookimpl
+def superfluid_add_commands(register):
+    from . import keys_command
+    register("keys", keys_command.HELP, keys_command.add_arguments, keys_command.run)
 
 
 def _configure_fim(config):

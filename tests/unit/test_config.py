@@ -123,7 +123,7 @@ def test_underscore_spelling_accepted(tmp_path):
 
 
 def test_plugin_options_in_toml(tmp_path):
-    config, _ = load_file(tmp_path, 'host = "0.0.0.0"\nport = 9000\nhttp-qos-header = false\n'
+    config, _ = load_file(tmp_path, 'host = "0.0.0.0"\ninsecure = true\nport = 9000\nhttp-qos-header = false\n'
                                     'http-default-qos = "background-agent"\n')
     assert config["host"] == "0.0.0.0"
     assert config["port"] == 9000
