@@ -67,6 +67,13 @@ class Metrics:
         self.kv_used = Gauge("superfluid_kv_cells_used", "KV cells in use", ["model"], registry=r)
         self.kv_capacity = Gauge("superfluid_kv_cells_capacity", "KV cells in the pool", ["model"], registry=r)
         self.kv_occupancy = Gauge("superfluid_kv_pool_occupancy", "KV pool occupancy (0..1)", ["model"], registry=r)
+        # per API key (the key's name from the policy, never its secret; "-" without a policy)
+        self.key_requests = Counter("superfluid_key_requests", "Generations admitted past the key's limits",
+                                    ["key"], registry=r)
+        self.key_tokens = Counter("superfluid_key_tokens", "Tokens charged to a key (prompt, completion)",
+                                  ["key", "kind"], registry=r)
+        self.key_rejections = Counter("superfluid_key_rejections", "Generations refused by a key's limits "
+                                      "(requests_per_minute, tokens_per_minute, lanes)", ["key", "reason"], registry=r)
         self._children: dict[tuple, object] = {}
         self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
 
@@ -131,6 +138,18 @@ class Metrics:
         self._child(self.prompt_tokens, model).inc(lane.n_prompt)
         self._child(self.generated_tokens, model).inc(lane.n_output)
         self._child(self.requests, model, lane.finish_reason or "error").inc()
+
+    def key_admitted(self, key: str) -> None:
+        self._child(self.key_requests, key).inc()
+
+    def key_finished(self, key: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if prompt_tokens:
+            self._child(self.key_tokens, key, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self._child(self.key_tokens, key, "completion").inc(completion_tokens)
+
+    def key_rejected(self, key: str, reason: str) -> None:
+        self._child(self.key_rejections, key, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
