@@ -197,7 +197,7 @@ class GuardedHandler(RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if a response began
         code, text = "internal_error", "internal server error"
-        if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "header" in str(exc).lower()):
+        if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "too many headers" in str(exc).lower()):
             status, code = 431, "request_header_too_large"
             text = (f"a request line or header is too large or there are too many headers "
                     f"(--max-header-kb {self._max_header_bytes >> 10}): {getattr(exc, 'message', exc)}")

@@ -300,6 +300,17 @@ def test_a_head_over_the_size_limit_is_431_json():
     run(main())
 
 
+def test_too_many_headers_is_431_and_a_bad_header_400():
+    async def main():
+        async with Guarded() as srv:
+            many = b"".join(b"X%d: 1\r\n" % i for i in range(130))  # small, but more than 128 lines
+            status, body = status_and_body(await srv.get(extra=many))
+            assert status == 431 and body["error"]["code"] == "request_header_too_large"
+            status, body = status_and_body(await srv.get(extra=b"Bad Name: x\r\n"))
+            assert status == 400 and body["error"]["code"] == "bad_http_request"
+    run(main())
+
+
 def test_malformed_http_is_a_json_400():
     async def main():
         async with Guarded() as srv:
