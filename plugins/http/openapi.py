@@ -77,7 +77,7 @@ _SAMPLING = {
 _STOP = _nullable({"anyOf": [_str(), {"type": "array", "items": _str(), "maxItems": 16}],
                    "description": "a string or at most 16 strings"})
 _COMMON = {
-    "model": _nullable(_str(description="a served model (GET /v1/models); default: the first")),
+    "model": _nullable(_str(description="a served model (GET /v1/models); null or empty: the first")),
     "max_tokens": _nullable(_int(1, description="the prompt plus max_tokens must fit the model's "
                                                 "context (else 400 context_length_exceeded)")),
     "stream": _nullable(_BOOL),
@@ -198,6 +198,9 @@ _TEXT_COMPLETION = _completion_envelope("text_completion", _obj(
 _INFILL = _obj({"content": _str(), "model": _str(), "stop": _BOOL, "finish_reason": _FINISH,
                 "tokens_predicted": _int(0), "tokens_evaluated": _int(0), "usage": _ref("Usage")},
                required=("content", "stop"))
+# One server-sent event: its data a JSON chunk (the non-stream body's shape with ``delta`` or
+# ``text``; /infill: {"content", "stop"}), an {"error": …} object, or the final [DONE].
+_SSE_EVENT = _obj({"data": _str(description="a JSON chunk, an error object, or [DONE]")}, required=("data",))
 _ERROR = _obj({"error": _obj({"message": _str(), "type": _str(), "param": _nullable(_str()),
                               "code": _nullable(_str())}, required=("message", "type"))},
               required=("error",))
@@ -237,7 +240,8 @@ _QOS_HEADER = {"name": "x-superfluid-qos", "in": "header", "required": False,
                "schema": _str(enum=sorted(qos_classes.ALIASES))}
 _INVARIANT_HEADER = {"name": "x-superfluid-batch-invariant", "in": "header", "required": False,
                      "description": "a lane that ticks alone; 403 unless --http-allow-batch-invariant",
-                     "schema": _str(enum=["true", "false", "1", "0", "yes", "no", "on", "off"])}
+                     "schema": _str(enum=["true", "false", "1", "0", "yes", "no", "on", "off", ""],
+                                    description="case-insensitive; empty: false")}
 _SID = {"name": "sid", "in": "path", "required": True, "schema": _str()}
 _NAME = {"name": "name", "in": "path", "required": True, "schema": _str()}
 
@@ -263,7 +267,7 @@ def _generation(summary: str, request: str, response: str, op_id: str, params_: 
     ok = {"description": "the reply: whole, or with stream: true as server-sent events "
                          "(data: {chunk} lines ending with data: [DONE]; /infill streams end without it)",
           "content": {"application/json": {"schema": _ref(response)},
-                      "text/event-stream": {"schema": _str()}}}
+                      "text/event-stream": {"schema": _SSE_EVENT}}}
     return _op(summary, ok, errors=_GENERATE, body=_ref(request), op_id=op_id,
                parameters=params_ if params_ is not None else [_QOS_HEADER, _INVARIANT_HEADER])
 
@@ -313,7 +317,7 @@ def _paths() -> dict:
             "one turn: only its new messages; answered as a chat completion",
             {"description": "the reply, whole or as server-sent events",
              "content": {"application/json": {"schema": _ref("ChatCompletion")},
-                         "text/event-stream": {"schema": _str()}}},
+                         "text/event-stream": {"schema": _SSE_EVENT}}},
             errors=(*_SESSION_ERRORS, 500), body=_ref("SessionTurnRequest"), parameters=[_SID],
             op_id="sessionTurn")},
         "/v1/sessions/{sid}/qos": {"post": _op(

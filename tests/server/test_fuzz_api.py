@@ -10,6 +10,7 @@ left out (it would take the model away mid-run); ``-s`` prints what was sent and
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import time
 
@@ -40,6 +41,7 @@ class Tally:
     def __init__(self):
         self.requests = 0
         self.statuses: collections.Counter = collections.Counter()
+        self.by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.failures: dict[tuple, str] = {}  # (operation, check, status) -> an example
 
     def record(self, label: str, exc: BaseException, case, response) -> None:
@@ -54,21 +56,30 @@ class Tally:
     def report(self) -> str:
         lines = [f"fuzz: {self.requests} requests sent, {len(self.failures)} distinct failures",
                  f"fuzz: statuses {dict(sorted(self.statuses.items()))}"]
+        lines += [f"fuzz:   {op}: {dict(sorted(c.items()))}" for op, c in self.by_op.items()]
         lines += [f"fuzz: FAIL {op} [{title}] {status}: {example}"
                   for (op, title, status), example in self.failures.items()]
         return "\n".join(lines)
 
 
-def _aimed(doc: dict, server) -> dict:
+def _aimed(doc: dict, server, bounded: bool) -> dict:
     """The document with its free-form names narrowed to ones that exist (plus one that does
-    not), so requests reach generation and sessions instead of all ending in 404s."""
+    not), so requests reach generation and sessions instead of all ending in 404s; ``bounded``
+    (for schema-valid requests only): few tokens to generate, so most fit the small context."""
+    doc = copy.deepcopy(doc)
     models = [m["id"] for m in server.get_json("/v1/models")["data"]]
     sids = [server.call("POST", "/v1/sessions", body)[1]["id"]
             for body in ({}, {"system": "Be brief.", "pin_system": True}, {"qos": "background"})]
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest"):
-        schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "no-such-model"],
+        schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "", "no-such-model"],
                                                 "nullable": True}
+    if bounded:
+        for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionTurnRequest"):
+            for key in ("max_tokens", "max_completion_tokens", "n_predict"):
+                if key in schemas[name]["properties"]:
+                    schemas[name]["properties"][key] = {"type": "integer", "minimum": 1, "maximum": 8,
+                                                        "nullable": True}
     for item in doc["paths"].values():
         for op in item.values():
             for param in op.get("parameters", []):
@@ -85,16 +96,16 @@ def test_fuzz_api(fuzz_server):
     from schemathesis import GenerationMode
 
     doc = fuzz_server.get_json("/openapi.json")
-    schema = schemathesis.openapi.from_dict(_aimed(doc, fuzz_server))
+    schemas = {mode: schemathesis.openapi.from_dict(_aimed(doc, fuzz_server, mode == GenerationMode.POSITIVE))
+               for mode in GenerationMode}
     tally = Tally()
     started = time.monotonic()
-    for result in schema.get_all_operations():
-        op = result.ok()
-        if (op.method.upper(), op.path) in EXCLUDED:
+    for result in schemas[GenerationMode.POSITIVE].get_all_operations():
+        label = f"{result.ok().method.upper()} {result.ok().path}"
+        if (result.ok().method.upper(), result.ok().path) in EXCLUDED:
             continue
-        label = f"{op.method.upper()} {op.path}"
-        sent = tally.requests
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            op = schemas[mode][result.ok().path][result.ok().method.upper()]
 
             @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                       phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
@@ -103,6 +114,13 @@ def test_fuzz_api(fuzz_server):
                 response = case.call(base_url=fuzz_server.base, timeout=120)
                 tally.requests += 1
                 tally.statuses[response.status_code] += 1
+                code = ""
+                if response.status_code >= 400:
+                    try:
+                        code = " " + str(response.json()["error"]["code"])
+                    except Exception:
+                        code = " ?"
+                tally.by_op[label][f"{response.status_code}{code}"] += 1
                 try:
                     case.validate_response(response, excluded_checks=EXCLUDED_CHECKS)
                 except (Exception, BaseExceptionGroup) as exc:  # collected, not raised: each distinct one counts
@@ -112,7 +130,6 @@ def test_fuzz_api(fuzz_server):
                 run()
             except Unsatisfiable:  # nothing to break in an operation without parameters
                 pass
-        print(f"fuzz: {label}: {tally.requests - sent} requests, {time.monotonic() - started:.0f} s", flush=True)
     print(f"\n{tally.report()}\nfuzz: {time.monotonic() - started:.0f} s", flush=True)
     health = fuzz_server.get_json("/health")
     assert health["status"] == "ok", health
