@@ -6,7 +6,8 @@ the ``openai`` client sends, or ``x-api-key``): a missing or unknown one is a 40
 loopback clients only, since it can unload models. The key rides on the request
 (:func:`request_key`) for the routes to check models, grants and session owners; secrets are
 never logged, only key names. Every response carries ``x-superfluid-qos`` with the class the
-request got (set in ``on_response_prepare``, so streamed replies carry it too)."""
+request got (set in ``on_response_prepare``, so streamed replies carry it too), and a generation
+of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.key_limits`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from aiohttp import web
 
 from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
+
+from .key_limits import response_headers
 
 log = logging.getLogger("superfluid.http")
 
@@ -159,7 +162,9 @@ def middleware(policy_file, config):
 
 
 def qos_header(config):
-    """An ``on_response_prepare`` callback: every response names the class applied."""
+    """An ``on_response_prepare`` callback: every response names the class applied; a generation
+    of a key with per-minute limits carries its x-ratelimit-* headers as they stand when the
+    response starts (a whole reply's after its completion was charged)."""
 
     async def add(request: web.Request, response: web.StreamResponse) -> None:
         cls = request.get(APPLIED)
@@ -170,5 +175,7 @@ def qos_header(config):
                 key = request_key(request)
                 cls = key.qos if key is not None else config["http-default-qos"]
         response.headers[QOS_HEADER] = cls
+        for name, value in response_headers(request).items():
+            response.headers.setdefault(name, value)  # a 429's own headers stand
 
     return add

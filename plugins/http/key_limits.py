@@ -5,17 +5,23 @@ per-minute limit and refilled continuously at limit/60 per second: state is two 
 bucket, each request costs O(1) (no log of timestamps, as a sliding window would need), a burst
 of up to the whole minute's budget passes at once, and the time until a refused request would
 pass (``Retry-After``) is exact: the missing amount over the refill rate. A fixed window would
-let twice the limit through across a window boundary; a bucket never lets more than the limit
-plus a minute's refill through in any minute.
+let twice the limit through within a few seconds across a window boundary; a bucket lets at most
+the limit through at once, then limit/60 a second.
+
+Only generations are limited (chat, completions, infill, and session turns, which are chats):
+the other routes cost no engine time.
 
 **Tokens are charged when known.** A generation needs its prompt's tokens in the bucket to be
 admitted (a prompt bigger than the whole budget needs a full bucket, so no request is refused
 forever) and is charged them then; its completion tokens are charged when it ends, whatever the
-outcome (a disconnected client pays for the tokens it was sent). Charging ``max_tokens`` up
-front instead would make every chat without ``max_tokens`` (the rest of the context, by
-OpenAI's default) wait for a nearly full bucket. The price: requests in flight together may
-overdraw the bucket by their completions (at most ``lanes`` times ``max-tokens`` with both set);
-the debt delays the key's next requests until it is refilled.
+outcome: a client that goes away pays for the tokens that had reached its handler (a stream's
+sent so far; a whole reply's are held to its end, so none); a request the scheduler refuses on
+submit (context, queue full) gets its prompt's tokens back but still counts as a request.
+Charging ``max_tokens`` up front and refunding instead would make every chat without
+``max_tokens`` (the rest of the context, by OpenAI's default) wait for a nearly full bucket.
+The price: requests in flight together may overdraw the bucket by their completions (at most
+``lanes`` times ``max-tokens`` with both set); the debt delays the key's next requests until it
+is refilled, and a Retry-After given while others are in flight cannot foresee their debt.
 
 **Lanes** count a key's generations in flight, queued or admitted; a slot is taken when a request
 passes and given back when it ends (finished, failed, or its client gone).

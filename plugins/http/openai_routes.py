@@ -13,7 +13,10 @@ from aiohttp import web
 
 from . import params, tool_parse
 from .access_log import log_generation
+from .auth import request_key
 from .bridge import EventBridge
+from .key_limits import HEADERS, KeyLimits
+from .metrics import METRICS
 from .prepare import Prepared, Preparer
 from .responses import DONE, Shape, error_body, error_reply, sse, status_of
 
@@ -24,6 +27,7 @@ class OpenAIRoutes:
         self.config = config
         self.catchup = catchup  # the front end's LoopCatchup: its bridges count wake-ups on it
         self.preparer = Preparer(daemon, config)
+        self.key_limits = KeyLimits(metrics=METRICS)  # per-key requests/tokens per minute and lanes
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -60,23 +64,36 @@ class OpenAIRoutes:
             body = await params.read_body(request)
         prep = self.preparer.prepare(request, body, kind, arrived=arrived, make_sink=self._sink, qos=qos)
         req, scheduler = prep.request, prep.runtime.scheduler
-        scheduler.submit(req)  # a prompt longer than the context is refused here (a 400)
+        key = request_key(request)
+        if key is not None:
+            request[HEADERS] = (self.key_limits, key)  # x-ratelimit-* on the response, 429 or not
+        # a lane slot, a request and the prompt's tokens of the key's budgets, or a 429
+        ticket = self.key_limits.admit(key, len(req.prompt_tokens))
         answer = _Answer(prep, Shape(kind, prep.runtime.name), on_finish)
         try:
-            if prep.stream:
-                return await self._stream(request, answer)
-            return await self._collect(request, answer)
-        except (ConnectionResetError, asyncio.CancelledError):
-            # The client went away: the lane is cancelled below and frees its KV at the next step.
-            answer.log(request, 499, finish="disconnected")
-            raise
+            try:
+                scheduler.submit(req)  # a prompt longer than the context is refused here (a 400)
+            except BaseException:
+                ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
+                raise
+            try:
+                if prep.stream:
+                    return await self._stream(request, answer)
+                return await self._collect(request, answer)
+            except (ConnectionResetError, asyncio.CancelledError):
+                # The client went away: the lane is cancelled below and frees its KV at the next step.
+                answer.log(request, 499, finish="disconnected")
+                raise
+            finally:
+                if not prep.bridge.done:
+                    scheduler.cancel(req.id)
         finally:
-            if not prep.bridge.done:
-                scheduler.cancel(req.id)
+            ticket.end(answer.generated)  # whatever the outcome: the lane slot back, the completion charged
 
     async def _collect(self, request, answer: "_Answer") -> web.Response:
         prep, text = answer.prep, []
         async for event in prep.bridge.events():
+            answer.count(event)
             if event.kind == "delta":
                 text.append(event.text)
             elif event.kind == "error":
@@ -99,6 +116,7 @@ class OpenAIRoutes:
             await resp.write(sse(shape.chunk(role=True)))
         parser = tool_parse.StreamParser(prep.tools) if prep.tools.active else None
         async for event in prep.bridge.events():
+            answer.count(event)
             if event.kind == "delta":
                 if event.text:
                     streamed.append(event.text)
@@ -136,6 +154,13 @@ class _Answer:
         self.prep = prep
         self.shape = shape
         self.on_finish = on_finish  # on_finish(text, event, prompt_tokens, parsed): for a session's log
+        self.generated = 0  # completion tokens seen so far: what the key's tokens-per-minute is charged
+
+    def count(self, event) -> None:
+        if event.kind == "delta":
+            self.generated += len(event.token_ids)
+        elif event.kind == "finished":
+            self.generated = max(self.generated, event.completion_tokens)
 
     def finished(self, text: str, event, parsed=None) -> None:
         if self.on_finish is not None:

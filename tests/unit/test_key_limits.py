@@ -173,7 +173,7 @@ def test_a_reload_that_changes_the_limit(clock):
     limits.admit(tighter, 1).end()
     with pytest.raises(RateLimited):
         limits.admit(tighter, 1)
-    assert limits.headers(key())  == {}  # limits removed: no headers
+    assert limits.headers(key()) == {}  # limits removed: no headers
 
 
 def test_pruned_when_large(clock, monkeypatch):
