@@ -188,6 +188,8 @@ class KeyLimits:
                 if state.tokens is not None:
                     state.tokens.level -= prompt_tokens
             headers = self._headers(key, state)
+            if reason is None and self.metrics is not None:
+                self.metrics.key_busy(label, state.in_flight)
         if reason is not None:
             if self.metrics is not None:
                 self.metrics.key_rejected(label, reason)
@@ -217,6 +219,8 @@ class KeyLimits:
                 state.tokens.level -= completion_tokens
                 if refund_prompt:
                     state.tokens.level = min(float(state.tokens.limit), state.tokens.level + ticket.prompt)
+            if self.metrics is not None:
+                self.metrics.key_busy(label, state.in_flight)
 
     def in_flight(self, key) -> int:
         state = self._states.get(key.name) if key is not None else None

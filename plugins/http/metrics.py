@@ -74,6 +74,8 @@ class Metrics:
                                   ["key", "kind"], registry=r)
         self.key_rejections = Counter("superfluid_key_rejections", "Generations refused by a key's limits "
                                       "(requests_per_minute, tokens_per_minute, lanes)", ["key", "reason"], registry=r)
+        self.key_in_flight = Gauge("superfluid_key_in_flight", "Generations in flight (queued or running) "
+                                   "per key with limits", ["key"], registry=r)
         self._children: dict[tuple, object] = {}
         self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
 
@@ -147,6 +149,9 @@ class Metrics:
             self._child(self.key_tokens, key, "prompt").inc(prompt_tokens)
         if completion_tokens:
             self._child(self.key_tokens, key, "completion").inc(completion_tokens)
+
+    def key_busy(self, key: str, in_flight: int) -> None:
+        self._child(self.key_in_flight, key).set(in_flight)
 
     def key_rejected(self, key: str, reason: str) -> None:
         self._child(self.key_rejections, key, reason).inc()

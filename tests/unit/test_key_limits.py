@@ -204,10 +204,12 @@ def test_metrics_per_key_name(clock):
         limits.admit(k, 12)
     clock.now += 60
     held = limits.admit(k, 12)
+    assert samples(metrics)[("superfluid_key_in_flight", (("key", "chat-ui"),))] == 1
     with pytest.raises(TooManyConcurrent):
         limits.admit(k, 12)
     held.end(0, refund_prompt=True)
     s = samples(metrics)
+    assert s[("superfluid_key_in_flight", (("key", "chat-ui"),))] == 0
     assert s[("superfluid_key_requests_total", (("key", "chat-ui"),))] == 2
     assert s[("superfluid_key_requests_total", (("key", "-"),))] == 1
     assert s[("superfluid_key_tokens_total", (("key", "chat-ui"), ("kind", "prompt")))] == 12  # one refunded
