@@ -98,15 +98,18 @@ _TOOL_CALL = _obj({"id": _str(), "type": _str(enum=["function"]),
                                      "arguments": {"anyOf": [_str(), {"type": "object"}]}},
                                     required=("name",))},
                   required=("id", "function"))
-_MESSAGE = _obj({
+_CONTENT = {"anyOf": [_str(), {"type": "array", "items": _TEXT_PART}]}
+_MESSAGE = {**_obj({
     "role": _str(enum=["system", "developer", "user", "assistant", "tool"]),
-    "content": _nullable({"anyOf": [_str(), {"type": "array", "items": _TEXT_PART}],
-                          "description": "required unless an assistant message carries tool_calls"}),
+    "content": _nullable({**_CONTENT, "description": "required unless an assistant message carries tool_calls"}),
     "name": _str(),
     "tool_calls": _nullable({"type": "array", "items": _TOOL_CALL,
                              "description": "assistant messages only"}),
     "tool_call_id": _str(description="required on tool messages"),
-}, required=("role",))
+}, required=("role",)), "anyOf": [
+    _obj({"content": _CONTENT}, required=("content",)),
+    _obj({"role": _str(enum=["assistant"]), "tool_calls": {"type": "array", "minItems": 1}},
+         required=("role", "tool_calls"))]}
 _TOOL = _obj({
     "type": _str(enum=["function"]),
     "function": _obj({"name": _str(pattern=r"^[A-Za-z0-9_.\-]{1,64}$"),
