@@ -7,19 +7,35 @@ loopback clients only, since it can unload models. The key rides on the request
 (:func:`request_key`) for the routes to check models, grants and session owners; secrets are
 never logged, only key names. Every response carries ``x-superfluid-qos`` with the class the
 request got (set in ``on_response_prepare``, so streamed replies carry it too), and a generation
-of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.key_limits`)."""
+of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.key_limits`).
+
+**What the door costs** (``superfluid_http_auth_seconds``, one observation per request but
+/health): the middleware's own work (the secret read and hashed against every key, the /admin
+grant), the class ceiling (:func:`applied_class`), the key limiter's ``admit`` and the ticket's
+``end`` (its release), and the ``on_response_prepare`` headers (x-superfluid-qos, x-ratelimit-*),
+summed per request: one ``perf_counter`` pair per part, none around the handler's own work. The
+limiter is called from the routes, so its two methods are wrapped here (:func:`_timed`): they add
+their time to the request whose task calls them, found through a context variable the middleware
+sets (the handler runs in the middleware's task), and behave as before outside a request. The sum
+is observed once its last part is done: after the handler for a stream (its headers went out while
+it ran) or a client that left, else when the response (a reply, a 401, a 429) is prepared."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import ipaddress
 import logging
+from time import perf_counter
 
 from aiohttp import web
 
 from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
 
-from .key_limits import response_headers
+from .key_limits import KeyLimits, Ticket, response_headers
+from .metrics import METRICS
 
 log = logging.getLogger("superfluid.http")
 
@@ -27,6 +43,7 @@ QOS_HEADER = "x-superfluid-qos"
 KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
 APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
 PUBLIC = ("/health",)       # liveness probes carry no key
+COST = "superfluid.auth_cost"  # request[COST]: the _Cost of its authentication and key limits
 
 
 class Unauthorized(SuperfluidError):
@@ -38,6 +55,48 @@ class Unauthorized(SuperfluidError):
 class Forbidden(SuperfluidError):
     status = 403
     type = "permission_error"
+
+
+class _Cost:
+    """What authentication and the key limits have cost one request so far, in seconds;
+    ``open`` while its handler runs; observed once."""
+
+    __slots__ = ("seconds", "open", "observed")
+
+    def __init__(self) -> None:
+        self.seconds, self.open, self.observed = 0.0, True, False
+
+    def observe(self) -> None:
+        if not self.observed:
+            self.observed = True
+            METRICS.auth_timed(self.seconds)
+
+
+_CURRENT: contextvars.ContextVar[_Cost | None] = contextvars.ContextVar("superfluid_auth_cost", default=None)
+
+
+def _timed(method):
+    """``method``, its time added to the cost of the request being handled (none outside one)."""
+    if getattr(method, "_auth_timed", False):
+        return method
+
+    @functools.wraps(method)
+    def timed(*args, **kwargs):
+        cost = _CURRENT.get()
+        if cost is None:
+            return method(*args, **kwargs)
+        start = perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            cost.seconds += perf_counter() - start
+
+    timed._auth_timed = True
+    return timed
+
+
+KeyLimits.admit = _timed(KeyLimits.admit)  # a lane slot, a request and the prompt's tokens, or a 429
+Ticket.end = _timed(Ticket.end)            # the completion charged and the slot given back
 
 
 def request_key(request):
@@ -60,6 +119,17 @@ def note_class(request, cls: str) -> str:
 def applied_class(request, config, asked: str | None = None) -> str:
     """The class a request gets: what it asks for (``asked``, else the header if honoured),
     capped at its key's class; with nothing asked, the key's class or --http-default-qos."""
+    cost = _CURRENT.get()
+    if cost is None:
+        return _applied_class(request, config, asked)
+    start = perf_counter()
+    try:
+        return _applied_class(request, config, asked)
+    finally:
+        cost.seconds += perf_counter() - start
+
+
+def _applied_class(request, config, asked: str | None) -> str:
     if asked is None:
         header = request.headers.get(QOS_HEADER)
         if header is not None and config["http-qos-header"]:
@@ -135,15 +205,37 @@ def middleware(policy_file, config):
 
     @web.middleware
     async def authenticate(request: web.Request, handler):
+        if request.path in PUBLIC:
+            return await handler(request)
+        start = perf_counter()
+        cost = request[COST] = _Cost()
+        token = _CURRENT.set(cost)
+        response = None
+        try:
+            try:
+                check(request)
+            finally:
+                cost.seconds += perf_counter() - start
+            response = await handler(request)
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            cost.observe()  # the client left: no response will be prepared
+            raise
+        finally:
+            _CURRENT.reset(token)
+            cost.open = False
+            if getattr(response, "prepared", False):
+                cost.observe()  # a stream: its headers went out while the handler ran
+            # else the response (the handler's, or json_errors' for a 401, 403 or 429) observes it
+
+    def check(request: web.Request) -> None:
         policy = policy_file.current if policy_file is not None else None
         if policy is None:
             if _is_admin(request) and not _remote_is_loopback(request):
                 raise Forbidden("without a key policy /admin routes answer loopback clients only "
                                 "(start the server with --key-policy to manage it remotely)",
                                 code="admin_loopback_only")
-            return await handler(request)
-        if request.path in PUBLIC:
-            return await handler(request)
+            return
         secret = _secret(request)
         if secret is None:
             raise Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer KEY' "
@@ -156,7 +248,6 @@ def middleware(policy_file, config):
         if _is_admin(request) and not key.admin:
             log.warning("key %s: refused %s %s (not an admin key)", key.name, request.method, request.path)
             raise Forbidden(f"key {key.name!r} may not use /admin routes", code="admin_required")
-        return await handler(request)
 
     return authenticate
 
@@ -167,15 +258,21 @@ def qos_header(config):
     response starts (a whole reply's after its completion was charged)."""
 
     async def add(request: web.Request, response: web.StreamResponse) -> None:
+        start = perf_counter()
         cls = request.get(APPLIED)
         if cls is None:
             try:
-                cls = applied_class(request, config)
+                cls = _applied_class(request, config, None)
             except SuperfluidError:  # a bad header: the class it would have had without one
                 key = request_key(request)
                 cls = key.qos if key is not None else config["http-default-qos"]
         response.headers[QOS_HEADER] = cls
         for name, value in response_headers(request).items():
             response.headers.setdefault(name, value)  # a 429's own headers stand
+        cost = request.get(COST)
+        if cost is not None:
+            cost.seconds += perf_counter() - start
+            if not cost.open:
+                cost.observe()
 
     return add
