@@ -27,9 +27,10 @@ from superfluid.plugins.http.prepare import max_tokens  # noqa: E402
 from superfluid.plugins.http.tool_render import render_prompt  # noqa: E402
 
 # derandomized: the same examples on every run, so CI is stable (raise max_examples locally to dig)
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+SCALE = float(os.environ.get("SUPERFLUID_FUZZ_SCALE", "1"))  # e.g. 10 to dig deeper locally
+FUZZ = settings(max_examples=int(200 * SCALE), deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
-FEW = settings(max_examples=100, deadline=None, derandomize=True, database=None,
+FEW = settings(max_examples=int(100 * SCALE), deadline=None, derandomize=True, database=None,
                suppress_health_check=list(HealthCheck))
 
 # ---- JSON values as a client can send them (json.loads gives NaN, Infinity and huge ints too) --
