@@ -380,7 +380,12 @@ def _document() -> dict:
                  "description": "The OpenAI HTTP API (chat, completions), llama.cpp-style /infill, "
                                 "sessions, admin and info routes. See docs/api.md."},
         "paths": _paths(),
+        # with --key-policy every route but /health needs a key; without one, none does
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
         "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "a key of the --key-policy file"},
+                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
             "schemas": _schemas(),
             "responses": {f"E{status}": _json(_ref("Error"), text) for status, text in _ERRORS.items()},
         },
