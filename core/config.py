@@ -7,6 +7,7 @@ inside each ``[[models]]`` table."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any, Callable
 
@@ -24,6 +25,8 @@ Check = Callable[[Any], "str | None"]
 
 def in_range(lo: float | None = None, hi: float | None = None, *, also: tuple = ()) -> Check:
     def check(value):
+        if isinstance(value, float) and not math.isfinite(value):  # NaN compares false with any bound
+            return "must be a finite number"
         if value in also:
             return None
         if lo is not None and value < lo or hi is not None and value > hi:
@@ -205,6 +208,8 @@ def read_toml(path: str) -> dict:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nesting level
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
 
 
 def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str = "defaults") -> Config:
@@ -237,6 +242,8 @@ def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str 
         name = table.pop("name", None)
         if not isinstance(path, str) or not path:
             raise ConfigError(f"{where}: path is required (a model file or directory)")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"{where}: name must be a non-empty string, got {name!r}")
         mvalues = dict(scoped)
         for key, raw in table.items():
             opt = schema.lookup(key)
