@@ -102,11 +102,10 @@ _CONTENT = {"anyOf": [_str(), {"type": "array", "items": _TEXT_PART}]}
 _MESSAGE = {**_obj({
     "role": _str(enum=["system", "developer", "user", "assistant", "tool"]),
     "content": _nullable({**_CONTENT, "description": "required unless an assistant message carries tool_calls"}),
-    # name and (off tool messages) tool_call_id are passed through unchecked: any JSON value
-    "name": {"description": "a string; not type-checked yet (passed to the chat template as is)"},
+    "name": _str(description="the author's name, passed to the chat template"),
     "tool_calls": _nullable({"type": "array", "items": _TOOL_CALL,
                              "description": "assistant messages only"}),
-    "tool_call_id": {"description": "a string, required on tool messages (elsewhere not checked)"},
+    "tool_call_id": _str(description="the call a tool message answers (required on tool messages)"),
 }, required=("role",)), "anyOf": [
     _obj({"content": _CONTENT}, required=("content",)),
     _obj({"role": _str(enum=["assistant"]), "tool_calls": {"type": "array", "minItems": 1}},

@@ -242,6 +242,9 @@ def chat_messages(body: dict) -> list[dict]:
             raise InvalidRequest(f"{where}.content must be a string or a list of text parts",
                                  param=f"{where}.content", code="invalid_type")
         clean = {"role": "system" if role == "developer" else role, "content": content or ""}
+        for key in ("name", "tool_call_id"):
+            if key in msg and not isinstance(msg[key], str):
+                raise InvalidRequest(f"{where}.{key} must be a string", param=f"{where}.{key}", code="invalid_type")
         for key in ("name", "tool_calls", "tool_call_id"):
             if key in msg:
                 clean[key] = msg[key]

@@ -175,7 +175,8 @@ class Preparer:
         params.check_fields(body, params.FIELDS[kind])
         params.unsupported(body)
         if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
-            body = {**body, "max_tokens": body["n_predict"] if body["n_predict"] != -1 else None}
+            n_predict = params.integer(body, "n_predict", -1, -1)  # llama.cpp's name; -1: the default
+            body = {**body, "max_tokens": n_predict if n_predict != -1 else None}
         invariant = batch_invariant(request, self.config)
         fim = kind == "infill" or (kind == "completion" and body.get("suffix") is not None)
         tools = NO_TOOLS

@@ -38,6 +38,10 @@ CASES = [
     ("prompt wrong type", "/v1/completions", body({**COMP, "prompt": 42}), 400, "invalid_type"),
     ("empty prompt", "/v1/completions", body({**COMP, "prompt": ""}), 400, "invalid_value"),
     ("negative max_tokens", "/v1/completions", body({**COMP, "max_tokens": -5}), 400, "invalid_value"),
+    ("message name not a string", "/v1/chat/completions",
+     body({**CHAT, "messages": [{"role": "user", "content": "x", "name": [1]}]}), 400, "invalid_type"),
+    ("infill n_predict wrong type", "/infill", body({"input_prefix": "a", "input_suffix": "b", "n_predict": "x"}),
+     400, "invalid_type"),
     ("max_tokens wrong type", "/v1/completions", body({**COMP, "max_tokens": "ten"}), 400, "invalid_type"),
     ("huge max_tokens", "/v1/completions", body({**COMP, "max_tokens": 10**9}), 400, "context_length_exceeded"),
     ("temperature out of range", "/v1/completions", body({**COMP, "temperature": 7}), 400, "invalid_value"),
@@ -90,3 +94,9 @@ def test_server_unharmed_after_bad_input(server, client):
     assert health["status"] == "ok"
     slots = server.get_json("/slots")["models"]["smollm2"]
     assert all(s["state"] == "free" for s in slots["slots"]) and slots["queued"] == 0
+
+
+def test_infill_n_predict_error_names_n_predict(server):
+    """llama.cpp's spelling of max_tokens: its errors name it, not the field it stands for."""
+    status, got = post(server, "/infill", body({"input_prefix": "a", "input_suffix": "b", "n_predict": -7}))
+    assert status == 400 and got["error"]["param"] == "n_predict", got

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 from superfluid.core import qos as qos_classes  # noqa: E402
 from superfluid.core.chat import render_chat  # noqa: E402
 from superfluid.core.config import Schema, build_config, core_options, read_toml  # noqa: E402
-from superfluid.core.errors import ConfigError, SuperfluidError  # noqa: E402
+from superfluid.core.errors import ConfigError, InvalidRequest, SuperfluidError  # noqa: E402
 from superfluid.core.plugins import make_plugin_manager  # noqa: E402
 from superfluid.plugins.http import params, tool_validate  # noqa: E402
 from superfluid.plugins.http.prepare import max_tokens  # noqa: E402
@@ -373,3 +373,12 @@ def test_qos_names_are_what_the_schema_lists():
     assert sorted(enum) == sorted(qos_classes.ALIASES)
     for name in enum:
         qos_classes.resolve(name)
+
+
+@pytest.mark.parametrize("key", ["name", "tool_call_id"])
+def test_message_string_fields_are_type_checked(key):
+    """Found by the API fuzzer: these were passed to the chat template unchecked."""
+    with pytest.raises(InvalidRequest) as exc:
+        params.chat_messages({"messages": [{"role": "user", "content": "hi", key: [1]}]})
+    assert exc.value.param == f"messages[0].{key}"
+
