@@ -14,17 +14,17 @@ of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.key_limits
 grant), the class ceiling (:func:`applied_class`), the key limiter's ``admit`` and the ticket's
 ``end`` (its release), and the ``on_response_prepare`` headers (x-superfluid-qos, x-ratelimit-*),
 summed per request: one ``perf_counter`` pair per part, none around the handler's own work. The
-limiter is called from the routes, so its two methods are wrapped here (:func:`_timed`): they add
-their time to the request whose task calls them, found through a context variable the middleware
-sets (the handler runs in the middleware's task), and behave as before outside a request. The sum
+routes time the limiter's calls with :func:`door_time`, which adds them to the request whose task
+runs them, found through a context variable the middleware sets (the handler runs in the
+middleware's task). The sum
 is observed once its last part is done: after the handler for a stream (its headers went out while
 it ran) or a client that left, else when the response (a reply, a 401, a 429) is prepared."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-import functools
 import ipaddress
 import logging
 from time import perf_counter
@@ -34,7 +34,7 @@ from aiohttp import web
 from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
 
-from .key_limits import KeyLimits, Ticket, response_headers
+from .key_limits import response_headers
 from .metrics import METRICS
 
 log = logging.getLogger("superfluid.http")
@@ -75,28 +75,17 @@ class _Cost:
 _CURRENT: contextvars.ContextVar[_Cost | None] = contextvars.ContextVar("superfluid_auth_cost", default=None)
 
 
-def _timed(method):
-    """``method``, its time added to the cost of the request being handled (none outside one)."""
-    if getattr(method, "_auth_timed", False):
-        return method
-
-    @functools.wraps(method)
-    def timed(*args, **kwargs):
-        cost = _CURRENT.get()
-        if cost is None:
-            return method(*args, **kwargs)
-        start = perf_counter()
-        try:
-            return method(*args, **kwargs)
-        finally:
+@contextlib.contextmanager
+def door_time():
+    """Count a block's time toward the cost of the request being handled (the routes wrap the
+    key limiter's ``admit`` and the ticket's ``end`` in it); outside a request it counts nothing."""
+    cost = _CURRENT.get()
+    start = perf_counter()
+    try:
+        yield
+    finally:
+        if cost is not None:
             cost.seconds += perf_counter() - start
-
-    timed._auth_timed = True
-    return timed
-
-
-KeyLimits.admit = _timed(KeyLimits.admit)  # a lane slot, a request and the prompt's tokens, or a 429
-Ticket.end = _timed(Ticket.end)            # the completion charged and the slot given back
 
 
 def request_key(request):

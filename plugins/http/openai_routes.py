@@ -13,7 +13,7 @@ from aiohttp import web
 
 from . import params, tool_parse
 from .access_log import log_generation
-from .auth import request_key
+from .auth import door_time, request_key
 from .bridge import EventBridge
 from .key_limits import HEADERS, KeyLimits
 from .metrics import METRICS
@@ -68,13 +68,15 @@ class OpenAIRoutes:
         if key is not None:
             request[HEADERS] = (self.key_limits, key)  # x-ratelimit-* on the response, 429 or not
         # a lane slot, a request and the prompt's tokens of the key's budgets, or a 429
-        ticket = self.key_limits.admit(key, len(req.prompt_tokens))
+        with door_time():
+            ticket = self.key_limits.admit(key, len(req.prompt_tokens))
         answer = _Answer(prep, Shape(kind, prep.runtime.name), on_finish)
         try:
             try:
                 scheduler.submit(req)  # a prompt longer than the context is refused here (a 400)
             except BaseException:
-                ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
+                with door_time():
+                    ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
                 raise
             try:
                 if prep.stream:
@@ -88,7 +90,8 @@ class OpenAIRoutes:
                 if not prep.bridge.done:
                     scheduler.cancel(req.id)
         finally:
-            ticket.end(answer.generated)  # whatever the outcome: the lane slot back, the completion charged
+            with door_time():  # whatever the outcome: the lane slot back, the completion charged
+                ticket.end(answer.generated)
 
     async def _collect(self, request, answer: "_Answer") -> web.Response:
         prep, text = answer.prep, []
