@@ -7,6 +7,7 @@ import math
 
 from superfluid.core.errors import InvalidRequest, SuperfluidError
 
+from .auth import request_key
 from .ratelimit import TokenBuckets, parse_rate
 
 FIM_CLASS = "completion"
@@ -48,8 +49,12 @@ class FimPolicy:
         return daemon.get(model)
 
     def admit(self, request) -> None:
-        """Raise 429 with Retry-After when this client's bucket is empty."""
-        client = request.headers.get("Authorization") or request.remote or "unknown"
+        """Raise 429 with Retry-After when this client's bucket is empty. A client is its API key
+        under a key policy (by name: no secret is kept in the table); without one, what it sends
+        as Authorization, else its address."""
+        key = request_key(request)
+        client = (f"key:{key.name}" if key is not None
+                  else request.headers.get("Authorization") or request.remote or "unknown")
         wait = self.buckets.take(client)
         if wait > 0:
             raise RateLimited(f"too many completion requests from this client (--completion-rate "

@@ -15,7 +15,8 @@ import pytest
 from superfluid.core.cli import main as cli_main
 from superfluid.core.errors import ConfigError
 from superfluid.plugins.http import keys as keys_mod
-from superfluid.plugins.http.auth import is_loopback_host, open_door
+from superfluid.plugins.http.auth import KEY, is_loopback_host, open_door
+from superfluid.plugins.http.fim import FimPolicy, RateLimited
 from superfluid.plugins.http.keys import Key, PolicyFile, hash_secret, load_policy, new_key, parse_policy
 
 H1, H2 = hash_secret("one"), hash_secret("two")
@@ -256,3 +257,24 @@ def test_admin_without_policy_answers_loopback_only(remote, allowed):
             asyncio.run(go("/admin/models"))
         assert exc.value.code == "admin_loopback_only" and "--key-policy" in exc.value.message
     assert asyncio.run(go("/v1/models")) == "handled"  # only /admin is held to loopback
+
+
+class _Request(dict):
+    """What FimPolicy.admit reads of an aiohttp request: headers, the peer, and the key the auth
+    middleware stored on it."""
+
+    def __init__(self, authorization: str, key=None):
+        super().__init__()
+        self.headers = {"Authorization": authorization}
+        self.remote = "127.0.0.1"
+        if key is not None:
+            self[KEY] = key
+
+
+def test_fim_buckets_are_per_key_not_per_secret_under_a_policy():
+    fim = FimPolicy({"completion-rate": "1/h", "completion-burst": 1, "completion-deadline-ms": 0})
+    key = Key(name="editor", sha256=H1, qos="completion")
+    fim.admit(_Request("Bearer one-secret", key))
+    with pytest.raises(RateLimited):  # the same key under another header: the same bucket
+        fim.admit(_Request("Bearer x-api-key-variant", key))
+    fim.admit(_Request("Bearer someone-else"))  # no policy: clients by what they send
