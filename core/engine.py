@@ -28,6 +28,10 @@ class EngineCapabilities:
     prefix_cache: bool = False  # a slot's KV can be kept, cut and copied to seed a new lane
     aborts_mid_step: bool = False  # a stop request interrupts even the engine step in flight
     grammars: bool = False      # constrained sampling: honours SamplingParams.grammar (GBNF) and .json_schema
+    logprobs: bool = False      # returns SamplingParams.logprobs per sampled token and scores prompts (LanePlan.targets)
+    logit_bias: bool = False    # honours SamplingParams.logit_bias
+    embeddings: bool = False    # runs embedding lanes (Request.embed, LanePlan.embed)
+    generates: bool = True      # False: an embedding-only model, which samples nothing
     # A step costs more the wider the range of slot ids its lanes span (llama.cpp's per-sequence
     # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
     # so the KV manager keeps busy lanes in neighbouring slots.
@@ -53,6 +57,7 @@ class ModelInfo:
     fim_middle: int | None = None
     n_vocab: int = 0
     n_ctx_train: int = 0
+    n_embd: int = 0  # the width of an embedding (the model's hidden size)
 
 
 class Engine(abc.ABC):

@@ -52,6 +52,9 @@ class Lane:
     seed: Seed = OWN  # where the slot's first n_cached tokens of KV come from at the next reset
     n_reused: int = 0          # prompt tokens taken from the prefix cache instead of prefilled
     preemptions: int = 0
+    prompt_logprobs: dict = attrs.field(factory=dict)  # prompt position -> its TokenLogprob (scored prompts)
+    embedding_sum: object = None  # an embedding lane: the sum of its prompt's hidden states so far
+    pooled: int = 0               # how many prompt tokens that sum holds
 
     def __attrs_post_init__(self):
         self.tokens = list(self.request.prompt_tokens)
@@ -92,11 +95,17 @@ class Lane:
     def active(self) -> bool:
         return self.state in (LaneState.PREFILLING, LaneState.DECODING)
 
+    @property
+    def embedded(self) -> bool:
+        """An embedding lane whose whole prompt is computed: its embedding is ready."""
+        return self.request.embed and self.n_cached >= self.n_prompt
+
     def take(self, tokens: list[int], eog: bool, context_length: int) -> tuple[str, tuple[int, ...], str | None]:
         """Append a tick's sampled tokens and release their text. Returns the text, the tokens
         that count toward usage (an ending end-of-generation token does not), and the finish
         reason if the generation ended: "stop" (end of generation or a stop string), "length"
-        (max_tokens or the context is full)."""
+        (max_tokens or the context is full). Text is released only whole characters at a time
+        (:class:`~superfluid.core.textstream.TextStream`)."""
         text, used = [], []
         reason = None
         last = len(tokens) - 1
@@ -122,14 +131,17 @@ class LaneEvent:
     """Sent to a request's sink. ``kind`` is "admitted", "delta", "paused" (preempted), "resumed",
     "finished" or "error".
 
-    "delta" carries released text and the number of tokens it came from; "finished" carries the
-    finish reason ("stop", "length", "cancelled") and the usage counts; "error" carries the
-    exception. ``lane`` is a read-only view for timings (admitted_at, first_token_at)."""
+    "delta" carries released text and the tokens it came from; "finished" carries the finish
+    reason ("stop", "length", "cancelled"), the usage counts and, for a scored prompt or an
+    embedding, their results; "error" carries the exception. ``lane`` is a read-only view for timings (admitted_at, first_token_at)."""
 
     kind: str
     request_id: str
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple = ()          # "delta": a TokenLogprob per token of ``token_ids`` (if asked for)
+    prompt_logprobs: tuple = ()   # "finished": a scored prompt's TokenLogprob per position from 1 on
+    embedding: tuple = ()         # "finished", an embedding lane: its pooled, L2-normalised embedding
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -57,7 +57,13 @@ class SamplingParams:
     ``json_schema`` constrains the generated tokens the same way, described engine-neutrally
     (:class:`JsonConstraint`) instead of in one engine's grammar syntax; the same capability
     covers it (``EngineCapabilities.grammars``: the engine can constrain sampling). Set at most
-    one of the two."""
+    one of the two. Either is enforced by the token-mask library in :mod:`superfluid.core.constrain`
+    (llguidance), which every engine shares.
+
+    ``logit_bias`` adds a value to a token's logit before anything else sees it (OpenAI's
+    ``logit_bias``: token id, −100…100). ``logprobs`` asks for the sampled token's log-probability
+    and that many of the most likely candidates (0: the sampled token's only; None: none), taken
+    from the model's distribution before any bias, constraint, penalty or filter."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -70,6 +76,8 @@ class SamplingParams:
     penalty_last_n: int = 64
     grammar: str | None = None
     json_schema: JsonConstraint | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +90,12 @@ class SamplingParams:
         return bool(self.grammar) or self.json_schema is not None
 
     @property
+    def plain(self) -> bool:
+        """Nothing looks at a sampled token's logits row but the sampler itself (no bias, no
+        constraint, no logprobs): an engine may keep such lanes on its fastest path."""
+        return not (self.constrained or self.logit_bias or self.logprobs is not None)
+
+    @property
     def uses_penalties(self) -> bool:
         return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
@@ -92,7 +106,14 @@ class Request:
     """One generation request: prompt tokens, limits, sampling, QoS class and flags.
 
     ``sink`` receives :class:`~superfluid.core.lane.LaneEvent` objects from the scheduler
-    thread; it must not block (front ends hand them to their own event loop)."""
+    thread; it must not block (front ends hand them to their own event loop).
+
+    ``prompt_logprobs`` (top candidates per position, as ``SamplingParams.logprobs``) scores the
+    prompt itself: each prompt token after the first gets its log-probability given the tokens
+    before it (a completion's ``echo`` with ``logprobs``). ``embed`` asks for the prompt's pooled
+    embedding instead of a generation: the lane prefills, ends with the embedding in its
+    "finished" event and samples nothing. Both need every prompt token computed here, so such a
+    request is never seeded from cached KV."""
 
     prompt_tokens: list[int]
     max_tokens: int
@@ -106,6 +127,8 @@ class Request:
     start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
     reuse_prefix: bool = True  # may be seeded from the prefix cache (llama.cpp's cache_prompt)
     streamed: bool = False  # the client reads the text as it is committed (not only the whole reply)
+    prompt_logprobs: int | None = None
+    embed: bool = False
     id: str = attrs.field(factory=new_request_id)
     arrived: float = attrs.field(factory=time.monotonic)
     meta: dict = attrs.field(factory=dict)

@@ -20,6 +20,7 @@ from .errors import DeadlineExceeded, EngineFailure
 from .kv import KVManager
 from .lane import Lane, LaneEvent, LaneState
 from .pressure import PressureGauge
+from .prompt_work import annotate, collect, embedding, prompt_scores
 from .settings import SchedulerSettings
 from .stats import TickStats, count_by_class, timings
 from .tick import OWN, TickPlan, TickResult
@@ -90,6 +91,7 @@ class Scheduler:
             if lane.is_prefilling:
                 lane.waited_ticks = 0 if lane.slot in planned else lane.waited_ticks + 1
         self.kv.fill_plan(plan)
+        annotate(plan, self.lanes)
         return plan
 
     def _admit(self, now: float) -> None:
@@ -180,10 +182,15 @@ class Scheduler:
             lane.n_prefilled += res.n_prefill
             prefilled += res.n_prefill
             decode_tokens += len(res.tokens)
+            collect(lane, lp, res)
+            if lane.embedded:  # an embedding samples nothing: its prompt computed, it is done
+                self.finish(lane, "stop", LaneState.FINISHED)
+                finished.append(lane)
+                continue
             if res.tokens and lane.first_token_at is None:
                 lane.first_token_at = now
                 first_tokens.append((lane.qos, now - lane.admitted_at))
-            if self._commit_tokens(lane, res.tokens, res.eog):
+            if self._commit_tokens(lane, res.tokens, res.eog, res.logprobs):
                 finished.append(lane)
             elif lane.active:
                 lane.state = LaneState.PREFILLING if lane.is_prefilling else LaneState.DECODING
@@ -205,13 +212,15 @@ class Scheduler:
             evictions=evictions, host_entries=len(kv.host), host_bytes=kv.host.bytes,
             pressure=self.pressure, pool_rejections=rejections)
 
-    def _commit_tokens(self, lane: Lane, tokens: list[int], eog: bool) -> bool:
-        """Stream a lane's sampled tokens; True if they finished it."""
+    def _commit_tokens(self, lane: Lane, tokens: list[int], eog: bool, logprobs=()) -> bool:
+        """Stream a lane's sampled tokens (with their logprobs, if asked for); True if they
+        finished it."""
         if not tokens:
             return False
         text, used, reason = lane.take(tokens, eog, self.settings.context_length)
         if text or used:
-            self._emit(lane, LaneEvent("delta", lane.id, text=text, token_ids=used))
+            self._emit(lane, LaneEvent("delta", lane.id, text=text, token_ids=used,
+                                       logprobs=tuple(logprobs[:len(used)])))
         if reason is not None:
             self.finish(lane, reason, LaneState.FINISHED)
             return True
@@ -255,6 +264,7 @@ class Scheduler:
         self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason,
                                    prompt_tokens=lane.n_prompt, completion_tokens=lane.n_output,
                                    cached_tokens=min(lane.n_reused, lane.n_prompt),
+                                   prompt_logprobs=prompt_scores(lane), embedding=embedding(lane),
                                    timings=timings(lane)))
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 

@@ -28,8 +28,11 @@ def waiting_for_donors(queue: list[Lane], donors: list[Lane]) -> set[Lane]:
 
 def may_reuse(lane: Lane) -> bool:
     """Whether a lane may be seeded from KV other lanes computed. A batch-invariant lane may not:
-    its output must not depend on other traffic, and cached KV was computed beside it."""
-    return lane.parked is None and lane.request.reuse_prefix and not lane.request.batch_invariant
+    its output must not depend on other traffic, and cached KV was computed beside it. Nor may a
+    lane that needs every prompt position computed here (prompt logprobs, an embedding)."""
+    req = lane.request
+    return (lane.parked is None and req.reuse_prefix and not req.batch_invariant
+            and req.prompt_logprobs is None and not req.embed)
 
 
 def kv_source(lane: Lane) -> int | None:

@@ -1,7 +1,9 @@
 """Turns a lane's sampled tokens into text deltas, cutting at stop strings.
 
 Token pieces can split a UTF-8 character, and a stop string can span tokens, so text is only
-released once it can no longer become part of a stop string or an unfinished character.
+released once it can no longer become part of a stop string or an unfinished character. A
+character still unfinished when the generation ends (cut by max_tokens, or at a stop) is dropped,
+never sent as U+FFFD; bytes that can never form a character (invalid UTF-8 from the model) are.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ class TextStream:
         return self._release(final=False)
 
     def flush(self) -> str:
-        """The generation ended: release what is held back (an unfinished character becomes U+FFFD)."""
+        """The generation ended: release what is held back; the bytes of a character it did not
+        finish are dropped."""
         if self.stopped:
             return ""
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()  # an unfinished character's bytes: dropped, not U+FFFD
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:

@@ -33,6 +33,17 @@ class Seed:
 OWN = Seed()
 
 
+@attrs.define(frozen=True)
+class TokenLogprob:
+    """One position's log-probabilities, from the model's distribution before any bias,
+    constraint, penalty or filter: the token's own and, best first, the ``top`` candidates as
+    (token, logprob) pairs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @attrs.define
 class LanePlan:
     """One lane's share of a tick.
@@ -57,6 +68,14 @@ class LanePlan:
     replay_from: int | None = None  # from this position on, feed one token per step, as decoding did
     history: list[int] | None = None  # tokens already in the KV, for a fresh penalty or grammar sampler
                                       # (a grammar takes those from ``replay_from`` on: the generated ones)
+    # Score the prompt: ``targets[i]`` is the prompt token that follows ``feed[i]``; the engine
+    # returns its logprob given everything up to ``feed[i]`` (``LaneResult.prompt_logprobs``, with
+    # ``score_top`` candidates). One shorter than the feed where the feed ends the prompt.
+    targets: list[int] | None = None
+    score_top: int = 0
+    # An embedding lane: the engine adds up the final hidden state of every fed token into
+    # ``LaneResult.embedding_sum`` (and ``pooled``: how many), and samples nothing.
+    embed: bool = False
 
 
 @attrs.define
@@ -102,6 +121,10 @@ class LaneResult:
     eog: bool = False                           # the last sampled token ends the generation
     restore_failed: bool = False                # the seed (parked, restored or copied KV) was not there or
                                                 # not usable: the slot was cleared, nothing was fed
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)  # per sampled token, if its sampling asks
+    prompt_logprobs: list[TokenLogprob] = attrs.field(factory=list)  # per target of the plan, in order
+    embedding_sum: list[float] | None = None    # an embedding lane: the sum of its fed tokens' hidden states
+    pooled: int = 0                             # how many tokens that sum holds
 
 
 @attrs.define

@@ -34,7 +34,7 @@ class Work:
     and calls :meth:`sampled`. A lane is done when its feed is empty."""
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from")
+                 "was_decoding", "replay_from", "targets", "score_top", "embed")
 
     def __init__(self, lp: LanePlan, accept: bool):
         self.slot = lp.slot
@@ -47,13 +47,30 @@ class Work:
         self.decoding = lp.decode      # feeds back its own last sampled token
         self.was_decoding = lp.decode  # decoding when the tick began (it sampled no first token in it)
         self.replay_from = lp.replay_from
+        self.targets = list(lp.targets) if lp.targets is not None else None
+        self.score_top = lp.score_top
+        self.embed = lp.embed
+        if lp.embed:
+            self.sample = False
         self.result = LaneResult(slot=lp.slot)
 
-    def sampled(self, token: int, eog: bool) -> None:
-        """Take a token sampled after the lane's feed (``eog``: it ends a generation). The lane
+    def scored(self, count: int) -> list[int | None]:
+        """The targets of the next ``count`` fed tokens (None where the feed ends the prompt),
+        taken off the list; [] for a lane that scores nothing."""
+        if self.targets is None:
+            return []
+        got = self.targets[:count]
+        del self.targets[:count]
+        return got + [None] * (count - len(got))
+
+    def sampled(self, token: int, eog: bool, logprob=None) -> None:
+        """Take a token sampled after the lane's feed (``eog``: it ends a generation; ``logprob``:
+        its :class:`~superfluid.core.tick.TokenLogprob`, if the lane asks for them). The lane
         ends at an end-of-generation token unless ``ignore_eos``, or when ``max_new`` tokens are
         sampled; else the token is its next feed."""
         self.result.tokens.append(token)
+        if logprob is not None:
+            self.result.logprobs.append(logprob)
         self.accept = False  # tokens it sampled itself are already accepted
         self.decoding = True
         if eog and not self.ignore_eos:

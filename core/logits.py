@@ -1,0 +1,44 @@
+"""What every engine does to one logits row outside its own sampler, in numpy: log-probabilities
+as OpenAI reports them, and ``logit_bias``.
+
+The order is fixed for all engines: log-probabilities are read from the raw row (the model's own
+distribution, as OpenAI and vLLM report them); then the bias is added, then the lane's constraint
+masks the row (:mod:`.constrain`), and only then does the engine's sampler (penalties, filters,
+temperature) pick a token."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tick import TokenLogprob
+
+
+def log_normalizer(row: np.ndarray) -> float:
+    """log(sum(exp(row))), computed stably in float64."""
+    top = float(row.max())
+    return top + float(np.log(np.exp(row.astype(np.float64) - top).sum()))
+
+
+def top_candidates(row: np.ndarray, k: int, lse: float) -> tuple[tuple[int, float], ...]:
+    """The ``k`` most likely tokens, best first, with their log-probabilities (ties: lower id)."""
+    if k <= 0:
+        return ()
+    k = min(k, row.shape[0])
+    idx = np.argpartition(-row, k - 1)[:k]
+    idx = idx[np.lexsort((idx, -row[idx]))]
+    return tuple((int(i), float(row[i]) - lse) for i in idx)
+
+
+def token_logprob(row: np.ndarray, token: int, top: int, lse: float | None = None) -> TokenLogprob:
+    """``token``'s log-probability under ``row`` and the ``top`` best candidates."""
+    if lse is None:
+        lse = log_normalizer(row)
+    return TokenLogprob(token=int(token), logprob=float(row[token]) - lse, top=top_candidates(row, top, lse))
+
+
+def apply_bias(row: np.ndarray, bias: tuple[tuple[int, float], ...]) -> None:
+    """Add OpenAI's ``logit_bias`` to a row in place; −100 bans a token outright (as OpenAI: such a
+    token is never sampled), other values shift its logit."""
+    for token, value in bias:
+        if 0 <= token < row.shape[0]:
+            row[token] = -np.inf if value <= -100 else row[token] + value

@@ -1,0 +1,56 @@
+"""Work a lane does on its prompt beyond filling the KV: scoring it (each prompt token's
+log-probability, for a completion's ``echo`` with ``logprobs``) or pooling it into an embedding.
+
+The scheduler asks for both through the tick's lane plans (``LanePlan.targets`` and
+``LanePlan.embed``, filled here after the policy has cut the plan) and collects what comes back.
+Results are kept by prompt position, so a lane that is preempted and computes part of its prompt
+again (its KV dropped) counts each position once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .lane import Lane
+from .tick import LanePlan, LaneResult, TickPlan
+
+
+def annotate(plan: TickPlan, lanes: list[Lane]) -> None:
+    """Give each prompt-scoring or embedding lane's plan what its engine needs for that."""
+    by_slot = {lane.slot: lane for lane in lanes}
+    for lp in plan.lanes:
+        lane = by_slot.get(lp.slot)
+        if lane is None or lp.decode:
+            continue
+        req = lane.request
+        if req.embed:
+            lp.embed = True
+        if req.prompt_logprobs is not None and lp.pos < lane.n_prompt:
+            lp.targets = lane.tokens[lp.pos + 1:min(lp.pos + len(lp.feed) + 1, lane.n_prompt)]
+            lp.score_top = req.prompt_logprobs
+
+
+def collect(lane: Lane, lp: LanePlan, res: LaneResult) -> None:
+    """Keep what a tick computed of a lane's prompt: a logprob per scored position, the hidden
+    states an embedding lane pooled (restarted from zero when its KV was, at position 0)."""
+    for i, entry in enumerate(res.prompt_logprobs):
+        lane.prompt_logprobs[lp.pos + i + 1] = entry
+    if lp.embed and res.pooled:
+        part = np.asarray(res.embedding_sum, dtype=np.float64)
+        if lp.pos == 0 or lane.embedding_sum is None:
+            lane.embedding_sum, lane.pooled = part, res.pooled
+        else:
+            lane.embedding_sum, lane.pooled = lane.embedding_sum + part, lane.pooled + res.pooled
+
+
+def prompt_scores(lane: Lane) -> tuple:
+    """A scored prompt's logprobs, one per position from 1 to the end, in order."""
+    return tuple(lane.prompt_logprobs[p] for p in sorted(lane.prompt_logprobs) if p < lane.n_prompt)
+
+
+def embedding(lane: Lane) -> tuple[float, ...]:
+    """The lane's mean-pooled, L2-normalised embedding (as OpenAI's and llama-server's are)."""
+    if lane.embedding_sum is None or not lane.pooled:
+        return ()
+    mean = lane.embedding_sum / lane.pooled
+    norm = float(np.linalg.norm(mean))
+    return tuple(float(x) for x in (mean / norm if norm > 0 else mean))
