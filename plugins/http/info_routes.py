@@ -1,4 +1,4 @@
-"""GET /v1/models, /health, /slots, /metrics and /openapi.json."""
+"""GET /v1/models, /v1/models/{id}, /health, /slots, /metrics and /openapi.json."""
 
 from __future__ import annotations
 
@@ -20,19 +20,33 @@ class InfoRoutes:
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        # {id:.+}: a model name may hold slashes ("org/model"), as OpenAI's own route allows
+        app.router.add_get("/v1/models/{id:.+}", self.model)
         app.router.add_get("/health", self.health)
         app.router.add_get("/slots", self.slots)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
 
+    def _entry(self, name: str, rt) -> dict:
+        """One model as /v1/models lists it (and /v1/models/{id} answers it)."""
+        caps = rt.engine.capabilities
+        return {"id": name, "object": "model", "created": self.started, "owned_by": "superfluid",
+                "meta": {"engine": rt.config.engine, "path": rt.engine.info.path,
+                         "context_length": caps.context_length, "max_batch": caps.max_lanes}}
+
     async def models(self, request: web.Request) -> web.Response:
-        data = []
-        for name, rt in list(self.daemon.models.items()):
-            caps = rt.engine.capabilities
-            data.append({"id": name, "object": "model", "created": self.started, "owned_by": "superfluid",
-                         "meta": {"engine": rt.config.engine, "path": rt.engine.info.path,
-                                  "context_length": caps.context_length, "max_batch": caps.max_lanes}})
+        data = [self._entry(name, rt) for name, rt in list(self.daemon.models.items())]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One served model; one not served is what a request naming it gets: 404 if unknown,
+        503 with Retry-After if unloaded or loading."""
+        name = request.match_info["id"]
+        rt = self.daemon.models.get(name)
+        if rt is not None:
+            return web.json_response(self._entry(name, rt))
+        self.daemon.get(name)  # raises the 404 (or 503) naming the served models
+        raise ModelNotFound(f"The model {name!r} does not exist", param="model")
 
     async def health(self, request: web.Request) -> web.Response:
         models = {}
