@@ -11,12 +11,14 @@ from aiohttp import web
 from . import auth
 from .admin_routes import AdminRoutes
 from .catchup import LoopCatchup
+from .embedding_routes import EmbeddingRoutes
 from .errors import json_errors
 from .info_routes import InfoRoutes
 from .keys import PolicyFile
 from .limits import LIMITS, Limits, guard
 from .openai_routes import OpenAIRoutes
 from .session_routes import SessionRoutes
+from .tokenize_routes import TokenizeRoutes
 
 log = logging.getLogger("superfluid.http")
 
@@ -33,6 +35,9 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     openai = OpenAIRoutes(daemon, config, catchup)
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
+    # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
+    EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
+    TokenizeRoutes(daemon).add_to(app)
     AdminRoutes(daemon).add_to(app)
     InfoRoutes(daemon).add_to(app)
     return app

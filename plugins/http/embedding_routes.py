@@ -1,0 +1,225 @@
+"""POST /v1/embeddings: each input a lane of its own, through the same scheduler and QoS as chat.
+
+An embedding is a prefill that samples nothing (``Request.embed``): the lane ends with its
+prompt's mean-pooled, L2-normalised hidden state in the "finished" event. Going through the
+scheduler, not around it, keeps one owner of the engine: embedding lanes wait their turn by
+class, count against --max-queue and are cancelled when the client goes away, like any other.
+
+A request's inputs are submitted a window at a time (the engine's lane count), not all at
+once: 2048 inputs queued together would fill a class's --max-queue and refuse the request
+itself, and would push everyone else of that class behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import numpy as np
+from aiohttp import web
+
+from superfluid.core.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, SuperfluidError
+from superfluid.core.request import Request
+
+from . import params
+from .access_log import log_generation
+from .auth import applied_class, check_model, door_time, note_class, request_key
+from .bridge import EventBridge
+from .key_limits import HEADERS
+
+FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
+MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
+FORMATS = ("float", "base64")
+
+
+# ---- the body -------------------------------------------------------------------------------
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def raw_inputs(body: dict) -> list[str | list[int]]:
+    """``input`` as a list of strings or token-id lists (not yet tokenized): a string, a list of
+    strings, a list of token ids (one input) or a list of token-id lists; nothing empty."""
+    value = body.get("input")
+    if value is None:
+        raise InvalidRequest("input is required", param="input", code="missing_required_parameter")
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and all(_is_id(t) for t in value):
+        value = [value]  # one input given as token ids
+    if not isinstance(value, list):
+        raise InvalidRequest("input must be a string, a list of strings, a list of token ids or a list "
+                             "of token-id lists", param="input", code="invalid_type")
+    if not value:
+        raise InvalidRequest("input must not be empty", param="input", code="invalid_value")
+    if len(value) > MAX_INPUTS:
+        raise InvalidRequest(f"input may hold at most {MAX_INPUTS} entries, got {len(value)}",
+                             param="input", code="array_above_max_length")
+    strings = isinstance(value[0], str)
+    for i, item in enumerate(value):
+        if strings and isinstance(item, str):
+            if not item:
+                raise InvalidRequest(f"input[{i}] is an empty string", param="input", code="invalid_value")
+        elif not strings and isinstance(item, list) and all(_is_id(t) for t in item):
+            if not item:
+                raise InvalidRequest(f"input[{i}] is an empty list", param="input", code="invalid_value")
+        else:
+            raise InvalidRequest("input must be a string, a list of strings, a list of token ids or a "
+                                 "list of token-id lists (not a mix)", param="input", code="invalid_type")
+    return value
+
+
+def tokens_of(runtime, inputs: list[str | list[int]]) -> list[list[int]]:
+    """Each input's tokens: a string tokenized with the model's BOS and no special-token parsing
+    (an embedded text is data, not markup); token ids checked against the vocabulary."""
+    engine, n_vocab = runtime.engine, runtime.engine.info.n_vocab
+    out = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            tokens = engine.tokenize(item, add_special=True, parse_special=False)
+        else:
+            bad = [t for t in item if not 0 <= t < n_vocab]
+            if bad:
+                raise InvalidRequest(f"input[{i}]: token id {bad[0]} is outside the vocabulary "
+                                     f"(0..{n_vocab - 1})", param="input", code="invalid_value")
+            tokens = list(item)
+        out.append(tokens)
+    return out
+
+
+def encoding_format(body: dict) -> str:
+    value = body.get("encoding_format")
+    if value is None:
+        return "float"
+    if value not in FORMATS:
+        raise InvalidRequest(f"encoding_format must be float or base64, got {value!r}",
+                             param="encoding_format", code="invalid_value")
+    return value
+
+
+def check_dimensions(body: dict, width: int, model: str) -> None:
+    """``dimensions`` may only restate the model's width: its embeddings are not truncatable
+    (no Matryoshka training assumed), so any other value is refused rather than faked."""
+    value = params.integer(body, "dimensions", None, 1)
+    if value is not None and value != width:
+        raise InvalidRequest(f"model {model!r} gives embeddings of {width} dimensions; dimensions must "
+                             f"be {width} or absent, got {value}", param="dimensions", code="invalid_value")
+
+
+def encode(vector: tuple[float, ...], fmt: str):
+    """A vector as the response carries it: floats, or base64 of little-endian float32 (what the
+    openai client decodes)."""
+    if fmt == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
+
+
+# ---- the route ------------------------------------------------------------------------------
+
+
+class EmbeddingRoutes:
+    """``key_limits``: the front end's :class:`~.key_limits.KeyLimits` (shared with the
+    generation routes, so a key's lanes and budgets count embeddings too)."""
+
+    def __init__(self, daemon, config, key_limits, catchup=None):
+        self.daemon = daemon
+        self.config = config
+        self.key_limits = key_limits
+        self.catchup = catchup
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post("/v1/embeddings", self.embeddings)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
+        body = params.check_fields(await params.read_body(request), FIELDS)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidRequest("model must be a string", param="model", code="invalid_type")
+        runtime = self.daemon.get(model)
+        check_model(request, runtime.name)
+        if not getattr(runtime.engine.capabilities, "embeddings", False):
+            raise InvalidRequest(f"model {runtime.name!r} does not compute embeddings", param="model",
+                                 code="model_not_supported")
+        params.text(body, "user")  # accepted (a string) and ignored
+        fmt = encoding_format(body)
+        check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
+        prompts = tokens_of(runtime, raw_inputs(body))
+        cls = note_class(request, applied_class(request, self.config))
+        key = request_key(request)
+        if key is not None:
+            request[HEADERS] = (self.key_limits, key)
+        n_prompt = sum(len(p) for p in prompts)
+        with door_time():
+            ticket = self.key_limits.admit(key, n_prompt)
+        status, finish = 500, "error"
+        batch = _Batch(runtime, prompts, cls, arrived, self.catchup)
+        try:
+            vectors, counted = await batch.run()
+            status, finish = 200, "stop"
+        except SuperfluidError as exc:
+            status = exc.status
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            status, finish = 499, "disconnected"
+            raise
+        finally:
+            with door_time():  # refused before any lane was queued: it costs a request, not its tokens
+                ticket.end(0, refund_prompt=batch.submitted == 0)
+            log_generation(request, status=status, model=runtime.name, qos=cls, prompt_tokens=n_prompt,
+                           completion_tokens=0, timings={}, finish=finish, arrived=arrived)
+        data = [{"object": "embedding", "index": i, "embedding": encode(v, fmt)} for i, v in enumerate(vectors)]
+        return web.json_response({"object": "list", "data": data, "model": runtime.name,
+                                  "usage": {"prompt_tokens": counted, "total_tokens": counted}})
+
+
+class _Batch:
+    """One request's inputs run as embedding lanes, at most a window of them at a time; the
+    first failure (or the client leaving) cancels the rest."""
+
+    def __init__(self, runtime, prompts: list[list[int]], qos: str, arrived: float, catchup=None):
+        self.runtime, self.prompts, self.qos, self.arrived = runtime, prompts, qos, arrived
+        self.catchup = catchup
+        self.window = asyncio.Semaphore(max(1, runtime.engine.capabilities.max_lanes))
+        self.submitted = 0  # lanes the scheduler took
+
+    async def run(self) -> tuple[list[tuple], int]:
+        """(the vectors in input order, the prompt tokens counted)."""
+        tasks = [asyncio.ensure_future(self._one(i, p)) for i, p in enumerate(self.prompts)]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # each cancels its own lane
+            raise
+        return [v for v, _ in results], sum(n for _, n in results)
+
+    async def _one(self, index: int, tokens: list[int]) -> tuple[tuple, int]:
+        async with self.window:
+            scheduler = self.runtime.scheduler
+            bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=True, catchup=self.catchup)
+            req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True,
+                          reuse_prefix=False, arrived=self.arrived, meta={"embedding": True})
+            try:
+                scheduler.submit(req)  # a prompt longer than the context is refused here
+            except ContextLengthExceeded as exc:
+                raise ContextLengthExceeded(f"input[{index}]: {exc.message}", param="input") from None
+            self.submitted += 1
+            try:
+                async for event in bridge.events():
+                    if event.kind == "error":
+                        if isinstance(event.error, SuperfluidError):
+                            raise event.error
+                        raise EngineFailure(f"embedding failed: {event.error}")
+                    if event.kind == "finished":
+                        if not event.embedding:
+                            raise EngineFailure(f"input[{index}] ended ({event.finish_reason}) without an "
+                                                f"embedding")
+                        return tuple(event.embedding), event.prompt_tokens or len(tokens)
+            finally:
+                if not bridge.done:
+                    scheduler.cancel(req.id)
+        raise AssertionError("event stream ended without a final event")
