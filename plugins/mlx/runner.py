@@ -9,7 +9,12 @@ step is
 * prefill chunks (up to 2048 tokens a step, the plan's ``step_tokens`` if smaller), one
   forward pass per prefilling lane on its own caches,
 
-all evaluated as one MLX graph, then sampled per lane. Between steps the shared stop flag is
+all evaluated as one MLX graph, then sampled per lane. Lanes whose sampling is ``plain`` are
+sampled inside that graph; the others (logprobs, ``logit_bias``, a constraint) have their last
+row brought to the host, read and shaped there (see ``sampling``) and are sampled in a second,
+small evaluation. A lane that scores its prompt gets the logits of every fed position, and an
+embedding lane the sum of its fed positions' final hidden states (the head's input), in the
+same pass that fills the KV. Between steps the shared stop flag is
 read, so a cancelled lane or an urgent newcomer ends the tick at the next step; MLX cannot
 interrupt a step already running (``aborts_mid_step`` is False).
 
@@ -29,13 +34,13 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from superfluid.core import tick_runner
-from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
+from superfluid.core.constrain import Constrainer
+from superfluid.core.logits import token_logprob
+from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import Work, takes_one, write_atomically
 
-from .constants import PREFILL_STEP
+from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
 from .sampling import LaneSampler
-
-_LAST_ONLY = {"llama", "mistral", "qwen2", "qwen3"}  # models whose head can run on the last row only
 
 
 class LaneBatchView:
@@ -80,8 +85,10 @@ def _batch_views(slot_caches: list[list[KVCache]]) -> list[LaneBatchView]:
 class TickRunner(tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-    def __init__(self, model, eog: set[int], stop_flag, kv_capacity: int, step_tokens: int = PREFILL_STEP):
+    def __init__(self, model, eog: set[int], stop_flag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
+                 constrainer: Constrainer | None = None):
         super().__init__(stop_flag, kv_capacity)
+        self.constrainer = constrainer  # token masks for json_schema / grammar lanes (None: refused)
         self.model = model
         self.n_layers = len(model.layers)
         self.eog = eog
@@ -90,7 +97,7 @@ class TickRunner(tick_runner.TickRunner):
         self.samplers: dict[int, LaneSampler]
         self.parked: dict[str, tuple[int, list]]  # key -> (tokens, [(keys, values, dtype) per layer])
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
-        self._last_only = model_type in _LAST_ONLY and hasattr(model, "model")
+        self._last_only = model_type in HIDDEN_STATE_MODELS and hasattr(model, "model")
 
     # ---- slots ------------------------------------------------------------------------------
 
@@ -205,21 +212,54 @@ class TickRunner(tick_runner.TickRunner):
     # ---- sampling and steps -----------------------------------------------------------------
 
     def new_sampler(self, lp: LanePlan) -> None:
-        self.samplers[lp.slot] = LaneSampler(lp.sampling, lp.history)
+        """A lane's sampler, with its constraint (if its sampling has one) moved past the tokens
+        it generated before a restart (``lp.history`` from ``lp.replay_from`` on)."""
+        constraint = None
+        if lp.sampling.constrained:
+            if self.constrainer is None:
+                raise ValueError("a constrained lane reached an MLX runner built without a constrainer")
+            generated = lp.history[lp.replay_from:] if lp.history and lp.replay_from is not None else ()
+            constraint = self.constrainer.for_lane(lp.sampling, generated)
+        self.samplers[lp.slot] = LaneSampler(lp.sampling, lp.history, constraint)
 
     def accepts(self, slot: int) -> bool:
         sampler = self.samplers.get(slot)
-        return bool(sampler and sampler.penalized)
+        return bool(sampler and sampler.sees_feed)
+
+    def _head(self, h: mx.array) -> mx.array:
+        """Logits from final hidden states (models in ``HIDDEN_STATE_MODELS``): the LM head, or the
+        tied embedding read as a linear layer."""
+        if getattr(self.model.args, "tie_word_embeddings", False) or not hasattr(self.model, "lm_head"):
+            return self.model.model.embed_tokens.as_linear(h)
+        return self.model.lm_head(h)
 
     def _last_logits(self, tokens: mx.array, cache) -> mx.array:
         """Logits of each row's last position (the head runs on the last position only where the
         model's layout is known)."""
         if self._last_only:
-            h = self.model.model(tokens, cache)[:, -1:, :]
-            if getattr(self.model.args, "tie_word_embeddings", False) or not hasattr(self.model, "lm_head"):
-                return self.model.model.embed_tokens.as_linear(h)[:, -1, :]
-            return self.model.lm_head(h)[:, -1, :]
+            return self._head(self.model.model(tokens, cache)[:, -1:, :])[:, -1, :]
         return self.model(tokens, cache=cache)[:, -1, :]
+
+    def _hidden(self, tokens: mx.array, cache) -> mx.array:
+        """Final hidden states (after the final norm, before the head) of every position."""
+        if not self._last_only:
+            raise ValueError(f"embeddings need a model type in {sorted(HIDDEN_STATE_MODELS)}")
+        return self.model.model(tokens, cache)
+
+    def _chunk(self, w: Work, tokens: mx.array, caches, completes: bool) -> _Fed:
+        """One prefilling lane's pass when something beyond the last row's logits is wanted:
+        every row's logits for a scored prompt, the hidden states' sum for an embedding."""
+        count = tokens.shape[1]
+        if w.embed or self._last_only:
+            h = self._hidden(tokens, caches)
+            hsum = h[0].astype(mx.float32).sum(axis=0) if w.embed else None
+            rows = self._head(h)[0] if w.targets else None
+            last = None
+            if completes:
+                last = rows[-1:] if rows is not None else self._head(h[:, -1:, :])[0]
+            return _Fed(w, count, last, rows, hsum)
+        logits = self.model(tokens, cache=caches)[0]
+        return _Fed(w, count, logits[-1:] if completes else None, logits, None)
 
     def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
         """One step (MLX cannot abort one): single-token lanes batched, then prefill chunks."""
@@ -239,32 +279,45 @@ class TickRunner(tick_runner.TickRunner):
             shares.append((w, count))
             room -= count
 
-        pending: list[tuple[Work, int, mx.array | None]] = []  # (work, tokens fed, last logits)
+        pending: list[_Fed] = []
         if singles:
             tokens = mx.array([[w.feed[0]] for w in singles])
             if len(singles) == 1:
                 cache = self._slot(singles[0].slot)
             else:
                 cache = _batch_views([self._slot(w.slot) for w in singles])
-            logits = self._last_logits(tokens, cache)
+            if any(w.embed for w in singles):
+                h = self._hidden(tokens, cache)
+                logits = self._head(h)[:, -1, :]
+            else:
+                h, logits = None, self._last_logits(tokens, cache)
             for i, w in enumerate(singles):
-                pending.append((w, 1, logits[i:i + 1] if w.sample and len(w.feed) == 1 else None))
+                row = logits[i:i + 1]
+                pending.append(_Fed(w, 1, row if w.sample and len(w.feed) == 1 else None,
+                                    row if w.targets else None, h[i, -1].astype(mx.float32) if w.embed else None))
         for w, count in shares:
             caches = self._slot(w.slot)
             tokens = mx.array([w.feed[:count]])
-            if count == len(w.feed) and w.sample:
-                pending.append((w, count, self._last_logits(tokens, caches)))
+            completes = count == len(w.feed) and w.sample
+            if w.embed or w.targets:
+                pending.append(self._chunk(w, tokens, caches, completes))
+            elif completes:
+                pending.append(_Fed(w, count, self._last_logits(tokens, caches)))
             else:
                 self.model.model(tokens, caches) if self._last_only else self.model(tokens, cache=caches)
-                pending.append((w, count, None))
+                pending.append(_Fed(w, count))
 
-        drawn: list[tuple[Work, mx.array]] = []
+        drawn: list[tuple[Work, mx.array]] = []  # plain lanes: tokens sampled in the step's graph
+        shaped: list[tuple[Work, mx.array]] = []  # the others: rows to the host first
+        scored: list[tuple[Work, list, mx.array]] = []
         outputs: list[mx.array] = []
         decode_tokens = 0
         n_fed = 0
-        for w, count, logits in pending:
+        for f in pending:
+            w, count = f.work, f.count
             fed = w.feed[:count]
             del w.feed[:count]
+            start = w.pos
             w.pos += count
             n_fed += count
             w.result.n_fed += count
@@ -274,20 +327,82 @@ class TickRunner(tick_runner.TickRunner):
                 w.result.n_prefill += count
             sampler = self.samplers.get(w.slot)
             if w.accept and sampler:
-                sampler.accept(fed)
+                sampler.accept_fed(fed, start, w.replay_from)
             for cache in self.caches[w.slot]:
                 outputs += (cache.keys, cache.values)
-            if logits is not None and not w.feed:
-                token = sampler.sample(logits) if sampler else mx.argmax(logits, axis=-1)
-                drawn.append((w, token))
-                outputs.append(token)
+            targets = w.scored(count)
+            if f.rows is not None and any(t is not None for t in targets):
+                scored.append((w, targets, f.rows))
+                outputs.append(f.rows)
+            if f.hsum is not None:
+                outputs.append(f.hsum)
+            if f.last is not None and not w.feed:
+                if sampler is None or sampler.plain:
+                    token = sampler.sample(f.last) if sampler else mx.argmax(f.last, axis=-1)
+                    drawn.append((w, token))
+                    outputs.append(token)
+                else:
+                    shaped.append((w, f.last))
+                    outputs.append(f.last)
         mx.eval(outputs)
-        for w, token in drawn:
-            tok = int(token.item())
+        for w, targets, rows in scored:
+            _score(w, targets, np.array(rows.astype(mx.float32)))
+        for f in pending:
+            if f.hsum is not None:
+                _pool(f.work, np.array(f.hsum), f.count)
+        got = [(w, int(token.item()), None) for w, token in drawn] + self._sample_on_host(shaped)
+        for w, tok, logprob in got:
             sampler = self.samplers.get(w.slot)
             if sampler:
                 sampler.accept([tok])
-            w.sampled(tok, tok in self.eog)
+            w.sampled(tok, tok in self.eog, logprob)
         result.steps.append(StepTiming(prefill_tokens=n_fed - decode_tokens, decode_tokens=decode_tokens,
                                        seconds=time.perf_counter() - t0))
         return True
+
+    def _sample_on_host(self, shaped: list[tuple[Work, mx.array]]) -> list[tuple[Work, int, TokenLogprob | None]]:
+        """Lanes whose rows are read outside the sampler: logprobs from the raw row, then the
+        sampler draws from the biased, masked row (core.logits' order)."""
+        if not shaped:
+            return []
+        raws, draws = [], []
+        for w, last in shaped:
+            raw = np.array(last.astype(mx.float32))[0]
+            sampler = self.samplers[w.slot]
+            raws.append(raw)
+            draws.append(sampler.sample(mx.array(sampler.shape(raw)[None, :])))
+        mx.eval(draws)
+        out = []
+        for (w, _), raw, token in zip(shaped, raws, draws):
+            tok = int(token.item())
+            top = self.samplers[w.slot].params.logprobs
+            out.append((w, tok, token_logprob(raw, tok, top) if top is not None else None))
+        return out
+
+
+class _Fed:
+    """What one lane's share of a step computed: the row to sample from (None: it samples
+    nothing this step), every fed position's logits (a scored prompt) and the sum of the fed
+    positions' hidden states (an embedding lane)."""
+
+    __slots__ = ("work", "count", "last", "rows", "hsum")
+
+    def __init__(self, work: Work, count: int, last: mx.array | None = None, rows: mx.array | None = None,
+                 hsum: mx.array | None = None):
+        self.work, self.count, self.last, self.rows, self.hsum = work, count, last, rows, hsum
+
+
+def _score(w: Work, targets: list[int | None], rows: np.ndarray) -> None:
+    """Each fed position's target token's logprob (None: the feed ends the prompt there)."""
+    for i, target in enumerate(targets):
+        if target is not None:
+            w.result.prompt_logprobs.append(token_logprob(rows[i], target, w.score_top))
+
+
+def _pool(w: Work, hsum: np.ndarray, count: int) -> None:
+    """Add a step's hidden-state sum to an embedding lane's result."""
+    if w.result.embedding_sum is None:
+        w.result.embedding_sum = hsum.astype(np.float64).tolist()
+    else:
+        w.result.embedding_sum = (np.asarray(w.result.embedding_sum) + hsum).tolist()
+    w.result.pooled += count
