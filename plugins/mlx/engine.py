@@ -14,6 +14,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
 from . import worker
+from .constants import HIDDEN_STATE_MODELS
 from .vocab import open_vocab
 
 log = logging.getLogger("superfluid.mlx")
@@ -45,7 +46,9 @@ class MlxEngine(WorkerEngine):
         self.capabilities = _capabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
-            aborts_mid_step=False, grammars=False, prefill_step_tokens=worker.PREFILL_STEP,
+            aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True,
+            # pooling needs the final hidden states, read where the model's layout is known
+            embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS, prefill_step_tokens=worker.PREFILL_STEP,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.worker = WorkerProcess(model.name, "MLX worker")
 

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 
+import attrs
 import llama_cpp
 
 from superfluid.core.engine import ModelInfo
@@ -27,11 +28,14 @@ class GGUFVocab(Vocab):
     """llama.cpp's vocab-only GGUF loader, reused from the llama.cpp plugin rather than moved to a
     shared module: llama-cpp-python is a core dependency, the loader is llama.cpp's, and reusing
     it is the smaller change. MLX adds only the end-of-generation set its runner stops on (the
-    llama.cpp runner asks llama.cpp itself)."""
+    llama.cpp runner asks llama.cpp itself) and the hidden size (the width of an embedding)."""
 
     def __init__(self, path: str, name: str):
         super().__init__(path, name)
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)}
+        arch = self._meta("general.architecture") or ""
+        self.info = attrs.evolve(self.info, n_embd=int(self._meta(f"{arch}.embedding_length") or 0))
+        self.model_type = "llama"  # the MLX loader reads llama-family GGUFs only
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -71,7 +75,9 @@ class HFVocab:
             bos_token=t.bos_token or "", eos_token=t.eos_token or "", bos_id=t.bos_token_id,
             add_bos=bool(t.bos_token_id is not None and probe[:1] == [t.bos_token_id]),
             n_vocab=self.n_vocab,
-            n_ctx_train=int(config.get("max_position_embeddings") or 0))
+            n_ctx_train=int(config.get("max_position_embeddings") or 0),
+            n_embd=int(config.get("hidden_size") or 0))
+        self.model_type = str(config.get("model_type") or "")
         eos = config.get("eos_token_id")
         eos = eos if isinstance(eos, list) else [eos]
         self.eog = {int(e) for e in eos if e is not None}

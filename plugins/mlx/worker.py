@@ -32,22 +32,31 @@ def kv_cells(max_lanes: int, max_context: int) -> int:
     return max_lanes * max_context
 
 
+def logit_rows(model) -> int | None:
+    """The length of the model's logits row (its ``vocab_size``; None where it does not say)."""
+    return int(getattr(getattr(model, "args", None), "vocab_size", 0) or 0) or None
+
+
 def main(conn, stop_flag, spec: WorkerSpec) -> None:
     """Worker entry point (spawned); the protocol is core.worker_process's."""
     try:
         import mlx.core as mx
 
         from . import loader
+        from .constraints import VocabConstrainer
         from .runner import TickRunner
 
         conn.send(("progress", 0))
         model = loader.load(spec.path)
+        conn.send(("progress", 90))
+        # Built once here, so a constrained lane's first tick does not pay for it.
+        constrainer = VocabConstrainer(spec.path, logit_rows(model), spec.eog)
         conn.send(("progress", 100))
     except Exception as exc:  # noqa: BLE001  reported to the daemon, which fails the model
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
     capacity = kv_cells(spec.max_lanes, spec.max_context)
-    runner = TickRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens)
+    runner = TickRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()),
                          "mlx": mx.__version__}))
     serve_ticks(conn, runner)
