@@ -1,0 +1,246 @@
+"""The MLX engine's seams for the rest of the OpenAI API, on the tiny random GGUF: logprobs of
+sampled tokens, prompt scoring, ``logit_bias``, JSON-schema constraints and embeddings, each
+checked against values computed here from a direct forward pass of the same model (no KV cache,
+no runner), so a runner that reads the wrong row, position or layer fails."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'superfluid[mlx]')")
+pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'superfluid[mlx]')")
+pytest.importorskip("llguidance", reason="llguidance is not installed")
+
+from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams  # noqa: E402
+from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
+from superfluid.plugins.mlx import loader  # noqa: E402
+from superfluid.plugins.mlx.constraints import VocabConstrainer  # noqa: E402
+from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
+from superfluid.plugins.mlx.vocab import GGUFVocab  # noqa: E402
+
+from ..tinygguf import write_tiny_llama  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = "<|im_start|>user\nTell me about the people of the water<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("mlx-api") / "tiny-mlx.gguf", quant="Q8_0",
+                                n_layer=2, n_embd=64, n_ff=128))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    vocab = GGUFVocab(tiny_path, "tiny")
+    yield loader.load(tiny_path), vocab
+    vocab.close()
+
+
+@pytest.fixture(scope="module")
+def constrainer(tiny, tiny_path):
+    model, vocab = tiny
+    c = VocabConstrainer(tiny_path, model.args.vocab_size, vocab.eog)
+    yield c
+    c.close()
+
+
+def _runner(tiny, constrainer=None):
+    model, vocab = tiny
+    return TickRunner(model, vocab.eog, [0, 0, 0], 4096, constrainer=constrainer)
+
+
+def _prompt(vocab, text=PROMPT):
+    return vocab.tokenize(text, True, True)
+
+
+def _log_softmax(model, tokens: list[int]) -> np.ndarray:
+    """Every position's log-probabilities from one direct forward pass (float64)."""
+    logits = np.array(model(mx.array([tokens])).astype(mx.float32))[0].astype(np.float64)
+    top = logits.max(axis=-1, keepdims=True)
+    return logits - (top + np.log(np.exp(logits - top).sum(axis=-1, keepdims=True)))
+
+
+def _hidden(model, tokens: list[int]) -> np.ndarray:
+    """The final hidden states (after the final norm) from a direct pass of the inner model."""
+    return np.array(model.model(mx.array([tokens])).astype(mx.float32))[0].astype(np.float64)
+
+
+def _sample(runner, tokens, sampling, n, slot=0, **extra):
+    """One tick: prefill ``tokens`` and sample up to ``n`` tokens; the lane's result."""
+    plan = LanePlan(slot=slot, pos=0, feed=list(tokens), sample=True, max_new=n, reset=True,
+                    sampling=sampling, **extra)
+    return runner.run(TickPlan(lanes=[plan])).lanes[slot]
+
+
+# ---- logprobs of sampled tokens ---------------------------------------------------------------
+
+def test_greedy_logprobs_are_the_models_own(tiny):
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    plain = _sample(_runner(tiny), prompt, GREEDY, 6)
+    got = _sample(_runner(tiny), prompt, SamplingParams(temperature=0.0, logprobs=3), 6)
+    assert got.tokens == plain.tokens and len(got.logprobs) == 6 and not plain.logprobs
+    for i, (tok, entry) in enumerate(zip(got.tokens, got.logprobs)):
+        ref = _log_softmax(model, prompt + got.tokens[:i])[-1]
+        assert entry.token == tok and entry.top[0][0] == tok and len(entry.top) == 3
+        assert abs(entry.logprob - ref[tok]) < 1e-4
+        best = np.argsort(-ref)[:3]
+        assert [t for t, _ in entry.top] == best.tolist()
+        assert np.allclose([lp for _, lp in entry.top], ref[best], atol=1e-4)
+
+
+def test_logprobs_lane_beside_plain_lanes_changes_nothing(tiny):
+    """A batched decode step holding a logprobs lane samples every lane as alone."""
+    model, vocab = tiny
+    prompts = [_prompt(vocab, "the water is"), _prompt(vocab, "Hello world, how are you")]
+    alone = [_sample(_runner(tiny), p, GREEDY, 8).tokens for p in prompts]
+    runner = _runner(tiny)
+    plans = [LanePlan(slot=0, pos=0, feed=prompts[0], sample=True, max_new=8, reset=True, sampling=GREEDY),
+             LanePlan(slot=1, pos=0, feed=prompts[1], sample=True, max_new=8, reset=True,
+                      sampling=SamplingParams(temperature=0.0, logprobs=0))]
+    res = runner.run(TickPlan(lanes=plans))
+    assert [res.lanes[0].tokens, res.lanes[1].tokens] == alone
+    assert any(step.decode_tokens == 2 for step in res.steps)
+    assert [e.token for e in res.lanes[1].logprobs] == alone[1] and all(not e.top for e in res.lanes[1].logprobs)
+
+
+# ---- prompt scoring ---------------------------------------------------------------------------
+
+def test_prompt_scoring_matches_a_direct_pass(tiny):
+    """Scored over three ticks (a chunked prefill, a one-token feed, the rest with the first
+    token sampled), every prompt position after the first gets its logprob and top candidates."""
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    n = len(prompt)
+    runner = _runner(tiny)
+    ticks = [(0, 7, False), (7, 8, False), (8, n, True)]
+    scored = []
+    for start, end, sample in ticks:
+        lp = LanePlan(slot=0, pos=start, feed=prompt[start:end], sample=sample, max_new=1, reset=start == 0,
+                      sampling=GREEDY if start == 0 else None, targets=prompt[start + 1:end + 1], score_top=2)
+        res = runner.run(TickPlan(lanes=[lp], step_tokens=3)).lanes[0]
+        assert res.n_fed == end - start
+        scored += res.prompt_logprobs
+    ref = _log_softmax(model, prompt)
+    assert len(scored) == n - 1
+    for pos, entry in enumerate(scored, start=1):
+        assert entry.token == prompt[pos]
+        assert abs(entry.logprob - ref[pos - 1, prompt[pos]]) < 1e-4
+        best = np.argsort(-ref[pos - 1])[:2]
+        assert [t for t, _ in entry.top] == best.tolist()
+    assert res.tokens == [int(np.argmax(ref[-1]))]
+
+
+# ---- logit_bias -------------------------------------------------------------------------------
+
+def test_logit_bias_bans_and_forces(tiny):
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    ref = _log_softmax(model, prompt)[-1]
+    first, second = np.argsort(-ref)[:2].tolist()
+    assert _sample(_runner(tiny), prompt, GREEDY, 1).tokens == [first]
+    banned = _sample(_runner(tiny), prompt, SamplingParams(temperature=0.0, logit_bias=((first, -100.0),)), 1)
+    assert banned.tokens == [second]
+    unlikely = int(np.argmin(ref))
+    forced = _sample(_runner(tiny), prompt,
+                     SamplingParams(temperature=0.0, logit_bias=((unlikely, 100.0),), logprobs=0), 1)
+    assert forced.tokens == [unlikely]
+    # its logprob is the model's own, read before the bias
+    assert abs(forced.logprobs[0].logprob - ref[unlikely]) < 1e-4
+    # sampled hot, banned tokens never come, though unbanned they are the likeliest
+    ban = ((first, -100.0), (second, -100.0))
+    drawn = {_sample(_runner(tiny), prompt, SamplingParams(temperature=2.0, seed=seed, logit_bias=ban), 1).tokens[0]
+             for seed in range(20)}
+    assert len(drawn) > 1 and not drawn & {first, second}
+
+
+def _fields(params: SamplingParams) -> dict:
+    import attrs
+
+    return attrs.asdict(params, recurse=False)
+
+
+# ---- JSON-schema constraints ------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
+                                           "tag": {"enum": ["water", "people"]}},
+          "required": ["ok", "n", "tag"], "additionalProperties": False}
+JSON_GREEDY = SamplingParams(temperature=0.0, json_schema=JsonConstraint(choices=(JsonChoice("", SCHEMA),)))
+
+
+def _text(vocab, tokens, errors="strict") -> str:
+    return b"".join(vocab.token_bytes(t) for t in tokens if t not in vocab.eog).decode("utf-8", errors)
+
+
+def test_json_schema_makes_greedy_output_json(tiny, constrainer):
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    free = _sample(_runner(tiny), prompt, GREEDY, 40)
+    with pytest.raises(json.JSONDecodeError):  # the random model alone does not write JSON
+        json.loads(_text(vocab, free.tokens, errors="replace"))
+    lane = _sample(_runner(tiny, constrainer), prompt, JSON_GREEDY, 60)
+    assert lane.eog and lane.tokens[-1] in vocab.eog  # complete: only the end may follow
+    value = json.loads(_text(vocab, lane.tokens))
+    assert set(value) == {"ok", "n", "tag"}
+    assert isinstance(value["ok"], bool) and value["n"] in (1, 2, 3) and value["tag"] in ("water", "people")
+    # each step is the greedy choice among the tokens the grammar allows: the constrained token is
+    # the model's best allowed one, so with logprobs on the tokens do not change
+    again = _sample(_runner(tiny, constrainer), prompt,
+                    SamplingParams(**{**_fields(JSON_GREEDY), "logprobs": 1}), 60)
+    assert again.tokens == lane.tokens
+    for i, entry in enumerate(again.logprobs):
+        ref = _log_softmax(model, prompt + again.tokens[:i])[-1]
+        assert abs(entry.logprob - ref[again.tokens[i]]) < 1e-4  # raw, before the mask
+
+
+def test_constraint_resumes_where_the_lane_left_it(tiny, constrainer):
+    """A constrained lane resumed mid-reply (replayed after a restart; seeded from KV with its
+    history) continues exactly as it would have."""
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    full = _sample(_runner(tiny, constrainer), prompt, JSON_GREEDY, 60).tokens
+    k = 6
+    replayed = _sample(_runner(tiny, constrainer), prompt + full[:k], JSON_GREEDY, 60, replay_from=len(prompt))
+    assert full[:k] + replayed.tokens == full
+
+    runner = _runner(tiny, constrainer)
+    head = _sample(runner, prompt, JSON_GREEDY, k)
+    assert head.tokens == full[:k]
+    kept = prompt + full[:k - 1]  # the last sampled token was never fed
+    lp = LanePlan(slot=1, pos=len(kept), feed=[full[k - 1]], sample=True, max_new=60, reset=True,
+                  sampling=JSON_GREEDY, seed=Seed(slot=0), history=kept, replay_from=len(prompt))
+    rest = runner.run(TickPlan(lanes=[lp])).lanes[1]
+    assert full[:k] + rest.tokens == full
+
+
+# ---- embeddings -------------------------------------------------------------------------------
+
+def _embed(runner, tokens, pos=0, reset=True, step_tokens=0):
+    lp = LanePlan(slot=0, pos=pos, feed=list(tokens), sample=False, reset=reset,
+                  sampling=GREEDY if reset else None, embed=True)
+    return runner.run(TickPlan(lanes=[lp], step_tokens=step_tokens)).lanes[0]
+
+
+def test_embeddings_are_the_mean_hidden_state(tiny):
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    ref = _hidden(model, prompt).mean(axis=0)
+    whole = _embed(_runner(tiny), prompt)
+    assert not whole.tokens and whole.pooled == len(prompt) and whole.n_fed == len(prompt)
+    mean = np.asarray(whole.embedding_sum) / whole.pooled
+    assert len(mean) == model.args.hidden_size == vocab.info.n_embd
+    assert np.allclose(mean, ref, atol=1e-4, rtol=1e-4)
+
+    # two ticks, the second in chunks of 3 and a last single token (the batched path): the same sum
+    split = 5 + (len(prompt) - 5 - 1) % 3
+    runner = _runner(tiny)
+    a = _embed(runner, prompt[:split])
+    b = _embed(runner, prompt[split:], pos=split, reset=False, step_tokens=3)
+    assert len(b.embedding_sum) == len(ref) and (len(prompt) - split) % 3 == 1
+    total = (np.asarray(a.embedding_sum) + np.asarray(b.embedding_sum)) / (a.pooled + b.pooled)
+    assert a.pooled + b.pooled == len(prompt)
+    assert np.allclose(total, ref, atol=1e-4, rtol=1e-4)
