@@ -74,6 +74,12 @@ _SAMPLING = {
     "repeat_penalty": _nullable(_num(0.0, 10.0)),
     "repetition_penalty": _nullable(_num(0.0, 10.0, description="an alias of repeat_penalty")),
 }
+# logit_bias (chat, completions, infill): token ids (as JSON object keys are strings) to a bias
+_LOGIT_BIAS = _nullable({"type": "object", "maxProperties": 300,
+                         "additionalProperties": _nullable(_num(-100, 100, description="null: 0")),
+                         "description": "token id (a decimal string, in the vocabulary) to a bias added to "
+                                        "its logit, -100..100; at most 300 entries; 400 if the model's "
+                                        "engine cannot bias logits"})
 _STOP = _nullable({"anyOf": [_str(), {"type": "array", "items": _str(), "maxItems": 16}],
                    "description": "a string or at most 16 strings"})
 _COMMON = {
@@ -83,11 +89,11 @@ _COMMON = {
     "stream": _nullable(_BOOL),
     "stream_options": _nullable(_obj({"include_usage": _BOOL}, closed=True)),
     "stop": _STOP,
-    "n": _nullable(_int(1, 1, description="only 1 is supported")),
+    "n": _nullable(_int(1, 1, description="/infill: only 1")),
     "user": _nullable(_str()),
-    "logit_bias": _nullable({"type": "object", "maxProperties": 0, "description": "not supported: {} only"}),
+    "logit_bias": _LOGIT_BIAS,
     "ignore_eos": _nullable(_BOOL),
-    "logprobs": _nullable({"enum": [False, 0], "description": "not supported yet"}),
+    "logprobs": _nullable({"enum": [False, 0], "description": "/infill: none"}),
     "cache_prompt": _nullable({**_BOOL, "description": "false: prefill the whole prompt"}),
     **_SAMPLING,
 }
@@ -127,11 +133,29 @@ _TOOL_CHOICE = _nullable({"anyOf": [
     _obj({"type": _str(enum=["function"]), "function": _obj({"name": _str()}, required=("name",))},
          required=("type", "function"))]})
 
+_N = _nullable(_int(1, 16, description="how many choices; each is a lane of its own"))
+_JSON_SCHEMA_FORMAT = _obj({
+    "name": _str(pattern=r"^[A-Za-z0-9_\-]{1,64}$"),
+    "description": _nullable(_str()),
+    "schema": _nullable({"type": "object", "description": "a JSON Schema the reply must match"}),
+    "strict": _nullable(_BOOL),
+}, required=("name",), closed=True)
+_RESPONSE_FORMAT = _nullable({"anyOf": [
+    _obj({"type": _str(enum=["text"])}, required=("type",), closed=True),
+    _obj({"type": _str(enum=["json_object"])}, required=("type",), closed=True),
+    _obj({"type": _str(enum=["json_schema"]), "json_schema": _JSON_SCHEMA_FORMAT},
+         required=("type", "json_schema"), closed=True),
+], "description": "text (default); json_object: the reply is a JSON object; json_schema: the reply "
+                  "matches json_schema.schema"})
+
 _CHAT_ONLY = {
     "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
     "max_completion_tokens": _nullable(_int(1, description="takes precedence over max_tokens")),
-    "top_logprobs": _nullable(_int(0, 20)),
-    "response_format": _nullable(_obj({"type": _str(enum=["text"])}, required=("type",))),
+    "logprobs": _nullable({**_BOOL, "description": "each reply token's log-probability"}),
+    "top_logprobs": _nullable(_int(0, 20, description="that many most likely candidates per token; "
+                                                      "needs logprobs: true")),
+    "response_format": _RESPONSE_FORMAT,
+    "n": _N,
     "tools": _nullable({"type": "array", "maxItems": 128, "items": _ref("Tool"),
                         "description": "unique names"}),
     "tool_choice": _TOOL_CHOICE,
@@ -150,8 +174,16 @@ _PROMPT = {"anyOf": [
 _COMPLETION_ONLY = {
     "prompt": _PROMPT,
     "suffix": _nullable(_str(description="fill-in-the-middle: the text after the cursor")),
-    "echo": _nullable({"type": "boolean", "enum": [False], "description": "not supported"}),
-    "best_of": _nullable(_int(1, 1, description="only 1 is supported")),
+    "max_tokens": _nullable(_int(0, description="default 16; the prompt plus max_tokens must fit the "
+                                                "model's context (else 400 context_length_exceeded); "
+                                                "0 only with echo (the prompt scored, nothing generated)")),
+    "logprobs": _nullable({"anyOf": [_int(0, 5), {"type": "boolean", "enum": [False]}],
+                           "description": "the sampled token's log-probability and that many most likely "
+                                          "candidates per token; false or null: none"}),
+    "echo": _nullable({**_BOOL, "description": "the prompt is repeated before the completion (with "
+                                               "logprobs: scored too)"}),
+    "n": _N,
+    "best_of": _nullable(_int(1, 16, description="must equal n (no server-side ranking)")),
 }
 _INFILL_ONLY = {
     "input_prefix": _nullable(_str()),
@@ -161,6 +193,43 @@ _INFILL_ONLY = {
     "n_predict": _nullable(_int(-1, description="-1: the rest of the context; 0 is refused; "
                                                 "ignored when max_tokens is given")),
 }
+
+
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": _int(0, description="a token id in the vocabulary")}
+_EMBEDDING_INPUT = {"anyOf": [
+    _str(minLength=1),
+    {"type": "array", "minItems": 1, "maxItems": 2048, "items": _str(minLength=1)},
+    _TOKEN_IDS,
+    {"type": "array", "minItems": 1, "maxItems": 2048, "items": _TOKEN_IDS},
+], "description": "a string, a list of strings, a list of token ids, or a list of token-id lists; "
+                  "at most 2048 inputs, none empty, each within the model's context"}
+_EMBEDDING_KNOWN = {
+    "input": _EMBEDDING_INPUT,
+    "model": _nullable(_str(description="a served model with embeddings; null or empty: the first")),
+    "encoding_format": _nullable(_str(enum=["float", "base64"], description="base64: little-endian "
+                                                                            "float32 bytes")),
+    "dimensions": _nullable(_int(1, description="must equal the model's width (it is not truncated)")),
+    "user": _nullable(_str(description="accepted and ignored")),
+}
+_TOKENIZE_KNOWN = {
+    "content": _str(),
+    "add_special": _nullable({**_BOOL, "description": "add BOS (as the model does); default false"}),
+    "parse_special": _nullable({**_BOOL, "description": "special-token text becomes those tokens; "
+                                                        "default true"}),
+    "with_pieces": _nullable({**_BOOL, "description": "each token with its text; default false"}),
+    "model": _nullable(_str()),
+}
+_DETOKENIZE_KNOWN = {
+    "tokens": {"type": "array", "items": _int(0, description="a token id in the vocabulary")},
+    "model": _nullable(_str()),
+}
+
+
+def _closed(known: dict, fields: set[str], required: tuple = ()) -> dict:
+    """A closed request body of another route: ``fields`` its validator's set."""
+    if set(known) != fields:
+        raise AssertionError(f"openapi: request fields {sorted(fields ^ set(known))} differ from the route's")
+    return _obj(known, required=required, closed=True)
 
 
 def _request(fields: set[str], extra: dict, required: tuple = ()) -> dict:
@@ -208,10 +277,28 @@ _ERROR = _obj({"error": _obj({"message": _str(), "type": _str(), "param": _nulla
                               "code": _nullable(_str())}, required=("message", "type"))},
               required=("error",))
 _MODEL_STATE = _str(enum=["ready", "unloading", "unloaded", "loading"])
-_MODELS = _obj({"object": _str(enum=["list"]), "data": {"type": "array", "items": _obj({
+_MODEL = _obj({
     "id": _str(), "object": _str(enum=["model"]), "created": _int(), "owned_by": _str(),
     "meta": _obj({"engine": _str(), "path": _nullable(_str()), "context_length": _int(0),
-                  "max_batch": _int(0)})}, required=("id", "object"))}}, required=("object", "data"))
+                  "max_batch": _int(0)})}, required=("id", "object"))
+_MODELS = _obj({"object": _str(enum=["list"]), "data": {"type": "array", "items": _ref("Model")}},
+               required=("object", "data"))
+_EMBEDDINGS = _obj({
+    "object": _str(enum=["list"]),
+    "data": {"type": "array", "items": _obj({
+        "object": _str(enum=["embedding"]), "index": _int(0),
+        "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}}, _str()],
+                      "description": "L2-normalised; base64 of little-endian float32 with encoding_format base64"}},
+        required=("object", "index", "embedding"))},
+    "model": _str(),
+    "usage": _obj({"prompt_tokens": _int(0), "total_tokens": _int(0)}, required=("prompt_tokens", "total_tokens")),
+}, required=("object", "data", "model", "usage"))
+_PIECE = _obj({"id": _int(0), "piece": {"anyOf": [_str(), {"type": "array", "items": _int(0, 255)}],
+                                        "description": "the text, or its bytes when not valid UTF-8 alone"}},
+              required=("id", "piece"))
+_TOKENS = _obj({"tokens": {"type": "array", "items": {"anyOf": [_int(0), _PIECE]},
+                           "description": "ids, or with with_pieces {id, piece} objects"}}, required=("tokens",))
+_CONTENT_REPLY = _obj({"content": _str()}, required=("content",))
 _HEALTH = _obj({"status": _str(enum=["ok", "degraded"]),
                 "models": {"type": "object", "additionalProperties": {"type": "object"}}},
                required=("status", "models"))
@@ -285,8 +372,20 @@ def _paths() -> dict:
             "createCompletion")},
         "/infill": {"post": _generation(
             "llama.cpp-style fill-in-the-middle", "InfillRequest", "Infill", "infill", [_INVARIANT_HEADER])},
+        "/v1/embeddings": {"post": _op(
+            "embeddings: each input's mean-pooled, L2-normalised hidden state",
+            _json(_ref("EmbeddingList"), "the embeddings, in input order"), errors=_GENERATE,
+            body=_ref("EmbeddingRequest"), parameters=[_QOS_HEADER], op_id="createEmbedding")},
+        "/tokenize": {"post": _op("a text's tokens (llama-server's shape)", _json(_ref("TokenizeResponse"), "the tokens"),
+                                  errors=_BODY, body=_ref("TokenizeRequest"), op_id="tokenize")},
+        "/detokenize": {"post": _op("the text of token ids", _json(_CONTENT_REPLY, "the text"), errors=_BODY,
+                                    body=_ref("DetokenizeRequest"), op_id="detokenize")},
         "/v1/models": {"get": _op("the served models", _json(_ref("ModelList"), "the models"),
                                   op_id="listModels")},
+        "/v1/models/{id}": {"get": _op(
+            "one served model (404 unknown, 503 unloaded or loading)", _json(_ref("Model"), "the model"),
+            parameters=[{"name": "id", "in": "path", "required": True, "schema": _str()}],
+            op_id="retrieveModel")},
         "/health": {"get": _op("health: 503 with status degraded when a model's engine is not ready",
                                _json(_ref("Health"), "all models ready"), op_id="health")},
         "/slots": {"get": _op("per model: slots, queue, KV use, costs", _json(_ref("Slots"), "the slots"),
@@ -345,6 +444,7 @@ def _paths() -> dict:
 
 
 def _schemas() -> dict:
+    from . import embedding_routes, tokenize_routes
     from .session_routes import CREATE_FIELDS, TURN_FIELDS
     create_known = {"model": _nullable(_str()), "qos": _str(enum=sorted(qos_classes.ALIASES)),
                     "system": _nullable(_str()), "pin_system": _nullable({**_BOOL, "description": "needs system"})}
@@ -354,6 +454,9 @@ def _schemas() -> dict:
         "CompletionRequest": _request(params.COMPLETION_FIELDS, _COMPLETION_ONLY, required=("prompt",)),
         "InfillRequest": _request(params.INFILL_FIELDS, _INFILL_ONLY),
         "SessionCreateRequest": _obj(create_known, closed=True),
+        "EmbeddingRequest": _closed(_EMBEDDING_KNOWN, embedding_routes.FIELDS, required=("input",)),
+        "TokenizeRequest": _closed(_TOKENIZE_KNOWN, tokenize_routes.TOKENIZE_FIELDS, required=("content",)),
+        "DetokenizeRequest": _closed(_DETOKENIZE_KNOWN, tokenize_routes.DETOKENIZE_FIELDS, required=("tokens",)),
         "SessionTurnRequest": _request(TURN_FIELDS, _CHAT_ONLY, required=("messages",)),
         "ChatMessage": _MESSAGE,
         "Tool": _TOOL,
@@ -363,7 +466,10 @@ def _schemas() -> dict:
         "Usage": _USAGE,
         "Timings": _TIMINGS,
         "Error": _ERROR,
+        "Model": _MODEL,
         "ModelList": _MODELS,
+        "EmbeddingList": _EMBEDDINGS,
+        "TokenizeResponse": _TOKENS,
         "Health": _HEALTH,
         "Slots": _SLOTS,
         "Session": _SESSION,
@@ -376,7 +482,8 @@ def _document() -> dict:
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "superfluid", "version": "0.1.0",
-                 "description": "The OpenAI HTTP API (chat, completions), llama.cpp-style /infill, "
+                 "description": "The OpenAI HTTP API (chat, completions, embeddings), llama.cpp-style "
+                                "/infill, /tokenize and /detokenize, "
                                 "sessions, admin and info routes. See docs/api.md."},
         "paths": _paths(),
         # with --key-policy every route but /health needs a key; without one, none does

@@ -130,3 +130,34 @@ def test_error_shape():
     for status in ("400", "401", "403", "404", "413", "429", "503"):
         content = doc["components"]["responses"][f"E{status}"]["content"]["application/json"]
         assert content["schema"] == {"$ref": "#/components/schemas/Error"}
+
+
+def test_other_request_bodies_are_the_accepted_fields():
+    from superfluid.plugins.http import embedding_routes, tokenize_routes
+    schemas = document()["components"]["schemas"]
+    for name, fields in (("EmbeddingRequest", embedding_routes.FIELDS),
+                         ("TokenizeRequest", tokenize_routes.TOKENIZE_FIELDS),
+                         ("DetokenizeRequest", tokenize_routes.DETOKENIZE_FIELDS)):
+        assert set(schemas[name]["properties"]) == fields, name
+        assert schemas[name]["additionalProperties"] is False
+
+
+def test_new_generation_fields_are_described():
+    schemas = document()["components"]["schemas"]
+    chat, completion = schemas["ChatCompletionRequest"]["properties"], schemas["CompletionRequest"]["properties"]
+    formats = chat["response_format"]["anyOf"]
+    assert [f["properties"]["type"]["enum"] for f in formats] == [["text"], ["json_object"], ["json_schema"]]
+    assert set(formats[2]["properties"]["json_schema"]["properties"]) == {"name", "schema", "strict", "description"}
+    assert chat["logprobs"]["type"] == "boolean"
+    assert (chat["top_logprobs"]["minimum"], chat["top_logprobs"]["maximum"]) == (0, 20)
+    count = completion["logprobs"]["anyOf"][0]
+    assert (count["minimum"], count["maximum"]) == (0, 5)
+    assert completion["echo"]["type"] == "boolean"
+    for body in (chat, completion):
+        assert (body["n"]["minimum"], body["n"]["maximum"]) == (1, 16)
+        bias = body["logit_bias"]
+        assert bias["maxProperties"] == 300
+        assert (bias["additionalProperties"]["minimum"], bias["additionalProperties"]["maximum"]) == (-100, 100)
+    assert completion["best_of"]["maximum"] == 16 and "n" in completion["best_of"]["description"]
+    assert completion["max_tokens"]["minimum"] == 0 and "echo" in completion["max_tokens"]["description"]
+    assert chat["max_tokens"]["minimum"] == 1
