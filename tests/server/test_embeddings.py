@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import http.client
 import json
 import math
 import struct
+import time
 import urllib.error
 import urllib.request
 
@@ -170,6 +172,29 @@ def test_input_longer_than_the_context_is_400(start_server):
     assert reply["error"]["param"] == "input" and "input[1]" in reply["error"]["message"]
     status, reply = srv.call("POST", "/v1/embeddings", {"input": "short"})  # the server is fine after
     assert status == 200, reply
+
+
+def _busy(server) -> list:
+    snap = server.get_json("/slots")["models"]["smollm2"]
+    return [s for s in snap["slots"] if s["state"] != "free"] + ([None] * snap["queued"])
+
+
+def test_client_leaving_cancels_its_lanes(server, client):
+    """Inputs queued or running when the client goes away are cancelled, not computed for nobody."""
+    body = {"input": [f"{i} " + "word " * 1500 for i in range(30)]}  # 30 long prefills, 8 at a time
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/embeddings", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + 20
+    while not _busy(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _busy(server)
+    conn.sock.close()
+    conn.close()
+    closed = time.monotonic()
+    while _busy(server) and time.monotonic() < closed + 5:  # computing them all: over 15 s here
+        time.sleep(0.05)
+    assert not _busy(server), _busy(server)
+    assert _embed(client, "still fine", encoding_format="float").data  # the server goes on
 
 
 # ---- QoS and the key policy ----------------------------------------------------------------
