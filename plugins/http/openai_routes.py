@@ -1,7 +1,7 @@
 """POST /v1/completions, /v1/chat/completions and /infill: prepare, submit, answer.
 
 A handler reads the body, has it validated once into a :class:`~.prepare.Prepared` value, submits
-its Request and answers from the lane's events, whole (:meth:`OpenAIRoutes._collect`) or as SSE
+its Requests (one per choice) and answers from the lanes' events, whole (:meth:`OpenAIRoutes._collect`) or as SSE
 (:meth:`OpenAIRoutes._stream`); the bodies themselves are shaped in :mod:`.responses`."""
 
 from __future__ import annotations
@@ -9,13 +9,18 @@ from __future__ import annotations
 import asyncio
 import time
 
+import attrs
 from aiohttp import web
 
-from . import params, tool_parse
+from superfluid.core.errors import InvalidRequest
+
+from . import params
 from .access_log import log_generation
 from .auth import door_time, request_key
 from .bridge import EventBridge
+from .choices import Choice
 from .key_limits import HEADERS, KeyLimits
+from .logprob_format import TokenText
 from .metrics import METRICS
 from .prepare import Prepared, Preparer
 from .responses import DONE, Shape, error_body, error_reply, sse, status_of
@@ -49,125 +54,156 @@ class OpenAIRoutes:
         (``parsed``: the reply split into content and tool calls, when tools were offered)."""
         return await self._generate(request, "chat", body=body, qos=qos, on_finish=on_finish)
 
-    def _sink(self, stream: bool) -> EventBridge:
-        """A Request's sink: a streamed reply's deltas wake the loop as they come, a whole one's
-        wait for its end."""
-        return EventBridge(asyncio.get_running_loop(), hold_deltas=not stream, catchup=self.catchup)
+    def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
+        """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop
+        as they come, a whole one's wait for their lane's end."""
+        return EventBridge(asyncio.get_running_loop(), hold_deltas=not stream, catchup=self.catchup, lanes=lanes)
 
     async def _generate(self, request: web.Request, kind: str, body: dict | None = None,
                         qos: str | None = None, on_finish=None) -> web.StreamResponse:
-        """Run one generation. ``body`` (default: the request's JSON) and ``qos`` (default: from the
-        headers) let other routes (sessions) reuse this; ``on_finish`` hears the complete reply
-        before the response ends (see :meth:`generate_chat`)."""
+        """Run one generation (``n`` lanes for n choices). ``body`` (default: the request's JSON)
+        and ``qos`` (default: from the headers) let other routes (sessions) reuse this;
+        ``on_finish`` hears the complete reply before the response ends (see :meth:`generate_chat`)."""
         arrived = time.monotonic()
         if body is None:
             body = await params.read_body(request)
         prep = self.preparer.prepare(request, body, kind, arrived=arrived, make_sink=self._sink, qos=qos)
-        req, scheduler = prep.request, prep.runtime.scheduler
+        if on_finish is not None and len(prep.requests) > 1:
+            raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")
+        reqs, scheduler = prep.requests, prep.runtime.scheduler
         key = request_key(request)
         if key is not None:
             request[HEADERS] = (self.key_limits, key)  # x-ratelimit-* on the response, 429 or not
-        # a lane slot, a request and the prompt's tokens of the key's budgets, or a 429
+        # per choice a lane slot and a request of the key's budgets, the prompt's tokens once; or a 429
         with door_time():
-            ticket = self.key_limits.admit(key, len(req.prompt_tokens))
+            tickets = _admit(self.key_limits, key, len(reqs[0].prompt_tokens), len(reqs))
         answer = _Answer(prep, Shape(kind, prep.runtime.name), on_finish)
         try:
-            try:
-                scheduler.submit(req)  # a prompt longer than the context is refused here (a 400)
-            except BaseException:
-                with door_time():
-                    ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
-                raise
+            _submit(scheduler, reqs, tickets)  # a prompt longer than the context is refused here (a 400)
             try:
                 if prep.stream:
                     return await self._stream(request, answer)
                 return await self._collect(request, answer)
             except (ConnectionResetError, asyncio.CancelledError):
-                # The client went away: the lane is cancelled below and frees its KV at the next step.
+                # The client went away: the lanes are cancelled below and free their KV at the next step.
                 answer.log(request, 499, finish="disconnected")
                 raise
             finally:
-                if not prep.bridge.done:
-                    scheduler.cancel(req.id)
+                for i, req in enumerate(reqs):
+                    if not prep.bridge.ended(i):
+                        scheduler.cancel(req.id)
         finally:
-            with door_time():  # whatever the outcome: the lane slot back, the completion charged
-                ticket.end(answer.generated)
+            with door_time():  # whatever the outcome: the lane slots back, the completions charged
+                for ticket, choice in zip(tickets, answer.choices):
+                    ticket.end(choice.generated)
 
     async def _collect(self, request, answer: "_Answer") -> web.Response:
-        prep, text = answer.prep, []
-        async for event in prep.bridge.events():
-            answer.count(event)
+        prep, choices = answer.prep, answer.choices
+        async for i, event in prep.bridge.tagged():
             if event.kind == "delta":
-                text.append(event.text)
+                choices[i].delta(event)
             elif event.kind == "error":
                 answer.log(request, status_of(event.error), event=event, finish="error")
                 return error_reply(event.error)
             elif event.kind == "finished":
-                answer.log(request, 200, event=event)
-                reply = prep.tools.prefill + "".join(text)  # the pre-fill is "" unless a call is forced
-                parsed = tool_parse.parse(reply, event.finish_reason, prep.tools) if prep.tools.active else None
-                answer.finished(reply, event, parsed)
-                return web.json_response(answer.shape.whole(reply, event, parsed))
-        raise AssertionError("event stream ended without a final event")
+                choices[i].finish(event)
+        events = [c.event for c in choices]
+        answer.log(request, 200, event=answer.summed())
+        answer.finished()
+        if answer.shape.kind == "infill":
+            return web.json_response(answer.shape.whole(choices[0].reply, events[0]))
+        scores = events[0].prompt_logprobs  # only the first choice's lane scores a prompt
+        return web.json_response(answer.shape.replies([c.whole(scores) for c in choices], events))
 
     async def _stream(self, request, answer: "_Answer") -> web.StreamResponse:
-        prep, shape, streamed = answer.prep, answer.shape, []
+        prep, shape, choices = answer.prep, answer.shape, answer.choices
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        if shape.kind == "chat":
-            await resp.write(sse(shape.chunk(role=True)))
-        parser = tool_parse.StreamParser(prep.tools) if prep.tools.active else None
-        async for event in prep.bridge.events():
-            answer.count(event)
+        for choice in choices:
+            for chunk in choice.opening():
+                await resp.write(sse(chunk))
+        failed = False
+        async for i, event in prep.bridge.tagged():
             if event.kind == "delta":
-                if event.text:
-                    streamed.append(event.text)
-                    text = parser.feed(event.text) if parser else event.text
-                    if text:
-                        await resp.write(sse(shape.chunk(text=text)))
+                for chunk in choices[i].delta(event):
+                    await resp.write(sse(chunk))
             elif event.kind == "error":
                 answer.log(request, status_of(event.error), event=event, finish="error")
                 await resp.write(sse(error_body(event.error)))
+                failed = True
                 break
             elif event.kind == "finished":
-                finish, parsed = event.finish_reason, None
-                if parser:  # what was held back: the rest of the content, then the calls whole
-                    rest, parsed = parser.finish(finish)
-                    if rest:
-                        await resp.write(sse(shape.chunk(text=rest)))
-                    if parsed.calls:
-                        await resp.write(sse(shape.chunk(tool_calls=tool_parse.stream_deltas(parsed.calls))))
-                    finish = parsed.finish_reason
-                answer.finished(prep.tools.prefill + "".join(streamed), event, parsed)
-                await resp.write(sse(shape.chunk(finish=finish, event=event)))
-                if prep.include_usage:
-                    await resp.write(sse(shape.usage_chunk(event)))
-                answer.log(request, 200, event=event)
+                for chunk in choices[i].finish(event):
+                    await resp.write(sse(chunk))
+        if not failed:
+            answer.finished()
+            if prep.include_usage:
+                await resp.write(sse(shape.usage_chunk([c.event for c in choices])))
+            answer.log(request, 200, event=answer.summed())
         if shape.kind != "infill":
             await resp.write(DONE)
         await resp.write_eof()
         return resp
 
 
+def _admit(limits: KeyLimits, key, prompt_tokens: int, lanes: int) -> list:
+    """One ticket per lane (a ticket holds one lane slot); the prompt is charged once, with the
+    first, since the lanes share it (it is prefilled once). All or none: a refused one gives the
+    others back."""
+    tickets = []
+    try:
+        for i in range(lanes):
+            tickets.append(limits.admit(key, prompt_tokens if i == 0 else 0))
+    except BaseException:
+        for ticket in tickets:
+            ticket.end(0, refund_prompt=True)
+        raise
+    return tickets
+
+
+def _submit(scheduler, reqs, tickets) -> None:
+    """Queue every choice's lane, together (so the others wait for the first's prefill and are
+    seeded from it); if one is refused, none runs and the tickets cost a request, not tokens."""
+    submitted = []
+    try:
+        for req in reqs:
+            scheduler.submit(req)
+            submitted.append(req)
+    except BaseException:
+        for req in submitted:
+            scheduler.cancel(req.id)
+        with door_time():
+            for ticket in tickets:
+                ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
+        raise
+
+
 class _Answer:
-    """One generation being answered: its prepared request, response shape, finish callback."""
+    """One generation being answered: its prepared request, response shape, its choices, the
+    finish callback."""
 
     def __init__(self, prep: Prepared, shape: Shape, on_finish=None):
         self.prep = prep
         self.shape = shape
         self.on_finish = on_finish  # on_finish(text, event, prompt_tokens, parsed): for a session's log
-        self.generated = 0  # completion tokens seen so far: what the key's tokens-per-minute is charged
+        text = TokenText(prep.runtime.engine.token_bytes)
+        self.choices = [Choice(i, prep, shape, text) for i in range(len(prep.requests))]
 
-    def count(self, event) -> None:
-        if event.kind == "delta":
-            self.generated += len(event.token_ids)
-        elif event.kind == "finished":
-            self.generated = max(self.generated, event.completion_tokens)
+    @property
+    def generated(self) -> int:
+        return sum(c.generated for c in self.choices)
 
-    def finished(self, text: str, event, parsed=None) -> None:
+    def summed(self):
+        """The first choice's final event with every choice's completion tokens: the access log's."""
+        first = self.choices[0].event
+        return attrs.evolve(first, completion_tokens=sum(c.event.completion_tokens for c in self.choices))
+
+    def finished(self) -> None:
+        """Every lane finished: a session hears its (one) reply."""
         if self.on_finish is not None:
-            self.on_finish(text, event, self.prep.request.prompt_tokens, parsed)
+            first = self.choices[0]
+            self.on_finish(first.reply, first.event, self.prep.request.prompt_tokens, first.parsed)
 
     def log(self, request, status: int, *, event=None, finish: str | None = None) -> None:
         """The access-log line: ``event`` the final one (none for a client that left); a failure

@@ -186,29 +186,57 @@ def stop_strings(body: dict) -> tuple[str, ...]:
 
 def unsupported(body: dict) -> None:
     """Known OpenAI fields whose non-default values we do not serve: say so instead of ignoring."""
-    n = integer(body, "n", 1, 1)
-    if n != 1:
-        raise InvalidRequest("n > 1 is not supported; send separate requests", param="n",
-                             code="unsupported_value")
-    best_of = integer(body, "best_of", 1, 1)
-    if best_of != 1:
-        raise InvalidRequest("best_of > 1 is not supported", param="best_of", code="unsupported_value")
     if body.get("input_extra") not in (None, []):
         raise InvalidRequest("input_extra is not supported yet", param="input_extra", code="unsupported_value")
-    if body.get("logprobs") not in (None, False, 0):
-        raise InvalidRequest("logprobs are not supported yet", param="logprobs", code="unsupported_value")
-    if body.get("echo") not in (None, False):
-        raise InvalidRequest("echo is not supported", param="echo", code="unsupported_value")
-    if body.get("logit_bias") not in (None, {}):
-        raise InvalidRequest("logit_bias is not supported yet", param="logit_bias", code="unsupported_value")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise InvalidRequest("only response_format {\"type\": \"text\"} is supported",
-                             param="response_format", code="unsupported_value")
     opts = body.get("stream_options")
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
         raise InvalidRequest("stream_options may only hold include_usage", param="stream_options",
                              code="invalid_value")
+
+
+MAX_CHOICES = 16  # n: each choice is a lane of its own, so a request may not take a whole server
+MAX_BIAS = 300    # logit_bias entries: OpenAI's limit
+
+
+def choice_count(body: dict) -> int:
+    """``n`` (1..16); ``best_of`` (completions) is only accepted equal to it: we return every
+    choice we generate, so there is nothing to pick the best of."""
+    n = integer(body, "n", 1, 1, MAX_CHOICES)
+    best_of = integer(body, "best_of", None, 1)
+    if best_of is not None and best_of != n:
+        raise InvalidRequest(f"best_of must equal n ({n}): every generated choice is returned, none is "
+                             f"picked, got best_of {best_of}", param="best_of", code="unsupported_value")
+    return n
+
+
+def logit_bias(body: dict, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: {token id as a string: bias -100..100}, at most 300 entries, every id in
+    the vocabulary; as (id, bias) pairs sorted by id, so equal maps make equal sampling params."""
+    raw = body.get("logit_bias")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise InvalidRequest("logit_bias must be an object mapping token ids (as strings) to numbers "
+                             "from -100 to 100", param="logit_bias", code="invalid_type")
+    if len(raw) > MAX_BIAS:
+        raise InvalidRequest(f"logit_bias may hold at most {MAX_BIAS} entries, got {len(raw)}",
+                             param="logit_bias", code="invalid_value")
+    out = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.strip().isdigit() and key.strip().isascii()):
+            raise InvalidRequest(f"logit_bias keys must be token ids written as integer strings, got {key!r}",
+                                 param="logit_bias", code="invalid_value")
+        token = int(key) if len(key) <= 18 else 1 << 62  # (int() refuses over 4,300 digits)
+        if n_vocab and token >= n_vocab:
+            raise InvalidRequest(f"logit_bias: token id {token} is outside the vocabulary (0..{n_vocab - 1})",
+                                 param="logit_bias", code="invalid_value")
+        try:
+            bias = _number(raw, key, 0.0, -100.0, 100.0)
+        except InvalidRequest as exc:  # named after the field, not the token id
+            raise InvalidRequest(f"logit_bias[{key!r}]: {exc.message.split(' ', 1)[1]}", param="logit_bias",
+                                 code=exc.code) from None
+        out[token] = bias
+    return tuple(sorted(out.items()))
 
 
 def chat_messages(body: dict) -> list[dict]:

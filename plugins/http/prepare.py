@@ -13,9 +13,9 @@ import attrs
 
 from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
-from superfluid.core.request import Request
+from superfluid.core.request import Request, new_request_id
 
-from . import params, tool_validate
+from . import logprob_format, params, response_format, tool_validate
 from .auth import Forbidden, applied_class, check_model, note_class, request_key
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .tool_format import ToolPlan
@@ -32,14 +32,24 @@ class Prepared:
 
     kind: str  # "chat" | "completion" | "infill"
     runtime: object  # the daemon's ModelRuntime
-    request: Request
+    requests: tuple[Request, ...]  # one per choice (``n``), all with the same prompt
     tools: ToolPlan = NO_TOOLS  # inactive unless a chat offered tools
     stream: bool = False
     include_usage: bool = False  # a stream ends with a usage chunk
+    logprobs: int | None = None  # the reply carries logprobs with this many top candidates
+    echo: str | None = None  # a completion's echo: the prompt's text, which the reply starts with
+    score_only: bool = False  # max_tokens 0 with echo: one token is generated, then dropped
+
+    @property
+    def request(self) -> Request:
+        """The first choice's request (the only one unless ``n`` > 1)."""
+        return self.requests[0]
 
     @property
     def bridge(self):
-        return self.request.sink
+        """The sink of every choice's lane (:class:`~.bridge.EventBridge`): the first's request
+        has it as its sink, the others :meth:`~.bridge.EventBridge.lane`."""
+        return self.requests[0].sink
 
 
 def request_class(request, config) -> str:
@@ -73,14 +83,17 @@ def batch_invariant(request, config) -> bool:
     return True
 
 
-def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0) -> int:
+def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0, echo: bool = False) -> int:
     """OpenAI's defaults: the rest of the context for chat, 16 for completions; too many is a 400.
     A prompt that alone fills the context is the scheduler's to refuse (its error names the
     prompt, not this field), so it gets 1 here. ``cap`` (a key's ``max-tokens``, 0: none): asking
     for more is a 400 naming the field (a client told it was clamped could not tell a short reply
-    from a cut one); the default is clamped to it."""
+    from a cut one); the default is clamped to it. ``echo`` (a completion's): 0 is allowed, to
+    score the prompt only (what lm-evaluation-harness sends)."""
     key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    value = params.integer(body, key, None, 1)
+    value = params.integer(body, key, None, 0 if echo else 1)
+    if value == 0:
+        return 0
     if cap and value is not None and value > cap:
         raise InvalidRequest(f"{key} is {value}, but this API key may ask for at most {cap} tokens per reply",
                              param=key, code="max_tokens_exceeded")
@@ -168,17 +181,23 @@ class Preparer:
     # ---- the whole request -----------------------------------------------------------------
 
     def prepare(self, request, body: dict, kind: str, *, arrived: float,
-                make_sink: Callable[[bool], Callable], qos: str | None = None) -> Prepared:
+                make_sink: Callable[[bool, int], Callable], qos: str | None = None) -> Prepared:
         """Validate ``body`` (and ``request``'s headers) for a ``kind`` generation. ``make_sink``
-        (called with whether the reply streams) gives the Request's sink; ``qos`` overrides the
-        class the headers ask for (a session's)."""
+        (called with whether the reply streams and how many choices it has) gives the sink of
+        their lanes (an :class:`~.bridge.EventBridge`); ``qos`` overrides the class the headers
+        ask for (a session's)."""
         params.check_fields(body, params.FIELDS[kind])
         params.unsupported(body)
+        n = params.choice_count(body)
+        if n > 1 and kind == "infill":
+            raise InvalidRequest("/infill answers one completion: n must be 1", param="n", code="unsupported_value")
         if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
             n_predict = params.integer(body, "n_predict", -1, -1)  # llama.cpp's name; -1: the default
             body = {**body, "max_tokens": n_predict if n_predict != -1 else None}
         invariant = batch_invariant(request, self.config)
         fim = kind == "infill" or (kind == "completion" and body.get("suffix") is not None)
+        if fim and params.boolean(body, "echo"):
+            raise InvalidRequest("echo cannot be used with suffix", param="echo", code="invalid_value")
         tools = NO_TOOLS
         if fim:
             runtime, tokens = self._fim_prompt(request, body, kind)
@@ -191,20 +210,91 @@ class Preparer:
         ctx = runtime.scheduler.settings.context_length
         stream = params.boolean(body, "stream")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        limit = max_tokens(body, kind != "completion", len(tokens), ctx, key.max_tokens if key is not None else 0)
-        sampling = params.sampling(body)
+        asked = _asked(body, kind, stream, tools)
+        _engine_serves(runtime, asked)
+        limit = max_tokens(body, kind != "completion", len(tokens), ctx, key.max_tokens if key is not None else 0,
+                           echo=asked.echo)
+        sampling = attrs.evolve(params.sampling(body), logit_bias=params.logit_bias(body, runtime.engine.info.n_vocab),
+                                logprobs=asked.logprobs)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
+        elif asked.json is not None:  # response_format: the whole reply held to its schema
+            sampling = attrs.evolve(sampling, json_schema=asked.json)
+            response_format.enforceable(sampling)
         stop = params.stop_strings(body) + tools.stop
         ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
         cls = request_class(request, self.config)  # the header is validated also when overridden
         if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
             cls = applied_class(request, self.config, asked=FIM_CLASS if qos is None else qos)
         note_class(request, cls)
-        req = Request(
-            prompt_tokens=tokens, max_tokens=limit, sink=make_sink(stream), sampling=sampling, stop=stop,
+        bridge = make_sink(stream, n)
+        first = Request(
+            prompt_tokens=tokens, max_tokens=max(limit, 1), sink=bridge, sampling=sampling, stop=stop,
             ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
             qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
+            prompt_logprobs=asked.logprobs if asked.echo else None,
             arrived=arrived, meta={"chat": kind == "chat", "fim": fim})
-        return Prepared(kind=kind, runtime=runtime, request=req, tools=tools, stream=stream,
-                        include_usage=include_usage)
+        requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
+        echo = _echo_text(runtime, tokens) if asked.echo else None
+        return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
+                        include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0)
+
+
+@attrs.define(frozen=True)
+class _Asked:
+    """The output features a body asks for, validated: what the model's engine must serve."""
+
+    logprobs: int | None = None
+    echo: bool = False
+    json: object = None  # response_format's JsonConstraint
+    logit_bias: bool = False
+
+
+def _asked(body: dict, kind: str, stream: bool, tools: ToolPlan) -> _Asked:
+    if kind == "infill":
+        if body.get("logprobs") not in (None, False, 0):
+            raise InvalidRequest("/infill answers no logprobs; use /v1/completions with suffix", param="logprobs",
+                                 code="unsupported_value")
+        return _Asked(logit_bias=bool(body.get("logit_bias")))
+    logprobs = logprob_format.chat_request(body) if kind == "chat" else logprob_format.completion_request(body)
+    echo = kind == "completion" and params.boolean(body, "echo")  # (not with suffix: refused before)
+    if echo and logprobs is not None and stream:
+        raise InvalidRequest("echo with logprobs cannot stream: the prompt's logprobs are known only when the "
+                             "generation ends; send stream: false", param="echo", code="unsupported_value")
+    json = response_format.constraint(body) if kind == "chat" else None
+    if json is not None and tools.choice in ("required", "function"):
+        raise InvalidRequest("a forced tool call (tool_choice \"required\" or a function) cannot also follow a "
+                             "JSON response_format", param="response_format", code="invalid_value")
+    return _Asked(logprobs=logprobs, echo=echo, json=json, logit_bias=bool(body.get("logit_bias")))
+
+
+def _engine_serves(runtime, asked: _Asked) -> None:
+    """A feature the model's engine lacks is a 400 naming the field that asked for it."""
+    caps, name = runtime.engine.capabilities, runtime.name
+    if not getattr(caps, "generates", True):
+        raise InvalidRequest(f"model {name!r} generates no text (an embedding model); use /v1/embeddings",
+                             param="model", code="unsupported_value")
+    needs = ((asked.json is not None, "grammars", "response_format", "constrained (JSON) output"),
+             (asked.logprobs is not None, "logprobs", "logprobs", "logprobs"),
+             (asked.logit_bias, "logit_bias", "logit_bias", "logit_bias"))
+    for wanted, cap, field, what in needs:
+        if wanted and not getattr(caps, cap, False):
+            raise InvalidRequest(f"model {name!r} does not support {what}: its engine lacks it", param=field,
+                                 code="unsupported_value")
+
+
+def _sibling(first: Request, bridge, index: int) -> Request:
+    """Choice ``index`` of an n-choice request: the same prompt, its own lane and sink, its own seed
+    (seed + index) when one was given; only the first scores the prompt (the scores are shared)."""
+    sampling = first.sampling
+    if sampling.seed is not None:
+        seed = sampling.seed + index
+        sampling = attrs.evolve(sampling, seed=seed if seed < 1 << 64 else seed - (1 << 64))
+    return attrs.evolve(first, id=new_request_id(), sink=bridge.lane(index), sampling=sampling,
+                        prompt_logprobs=None, meta={**first.meta, "choice": index})
+
+
+def _echo_text(runtime, tokens: list[int]) -> str:
+    """The prompt as text, from its tokens (special tokens render as nothing)."""
+    token_bytes = runtime.engine.token_bytes
+    return b"".join(bytes(token_bytes(t)) for t in tokens).decode("utf-8", errors="replace")

@@ -58,14 +58,19 @@ def error_reply(exc: BaseException | None) -> web.Response:
     return error_response(500, f"generation failed: {exc}")
 
 
-def _usage(event) -> dict:
-    return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-            "total_tokens": event.prompt_tokens + event.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+def _usage(events) -> dict:
+    """``usage`` of one lane's final event, or of several (the choices of one reply, which share
+    their prompt): the prompt counted once, completion tokens summed."""
+    events = events if isinstance(events, (list, tuple)) else [events]
+    first, completion = events[0], sum(e.completion_tokens for e in events)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
 
 
 class Shape:
-    """Builds the response objects of one request: one id and creation time for all of them."""
+    """Builds the response objects of one request: one id and creation time for all of them.
+    ``index`` is a choice's (``n`` > 1); ``logprobs`` its shaped logprobs (:mod:`.logprob_format`)."""
 
     def __init__(self, kind: str, model: str):
         self.kind = kind  # "chat" | "completion" | "infill"
@@ -82,13 +87,10 @@ class Shape:
         return {"id": self.id, "object": self._object(chunk), "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def whole(self, text: str, event, parsed: Parsed | None = None) -> dict:
-        """The body of a reply sent whole; ``parsed``: the reply split into content and calls
+    def choice(self, text: str, event, parsed: Parsed | None = None, *, index: int = 0,
+               logprobs: dict | None = None) -> dict:
+        """One choice of a reply sent whole; ``parsed``: the reply split into content and calls
         (tools were offered)."""
-        if self.kind == "infill":
-            return {"content": text, "model": self.model, "stop": True,
-                    "finish_reason": event.finish_reason, "tokens_predicted": event.completion_tokens,
-                    "tokens_evaluated": event.prompt_tokens, "usage": _usage(event)}
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
             finish = event.finish_reason
@@ -96,15 +98,29 @@ class Shape:
                 message["content"], finish = parsed.content, parsed.finish_reason
                 if parsed.calls:
                     message["tool_calls"] = parsed.calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
-        return {**self._envelope([choice], chunk=False), "usage": _usage(event),
-                "timings": server_timings(event)}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+
+    def whole(self, text: str, event, parsed: Parsed | None = None, *, logprobs: dict | None = None) -> dict:
+        """The body of a one-choice reply sent whole."""
+        if self.kind == "infill":
+            return {"content": text, "model": self.model, "stop": True,
+                    "finish_reason": event.finish_reason, "tokens_predicted": event.completion_tokens,
+                    "tokens_evaluated": event.prompt_tokens, "usage": _usage(event)}
+        return self.replies([self.choice(text, event, parsed, logprobs=logprobs)], [event])
+
+    def replies(self, choices: list[dict], events: list) -> dict:
+        """The body of a reply sent whole with these choices (index order) and their lanes' final
+        events; ``timings`` are the first choice's, its ``predicted_n`` all of theirs."""
+        timings = server_timings(events[0])
+        if len(events) > 1:
+            timings["predicted_n"] = sum(e.completion_tokens for e in events)
+        return {**self._envelope(choices, chunk=False), "usage": _usage(events), "timings": timings}
 
     def chunk(self, text: str = "", finish: str | None = None, role: bool = False, event=None,
-              tool_calls: list | None = None) -> dict:
-        """One streamed chunk: the opening role (chat), text, the calls, or the finish."""
+              tool_calls: list | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+        """One streamed chunk of choice ``index``: the opening role (chat), text, the calls, or
+        the finish."""
         if self.kind == "infill":
             out = {"content": text, "stop": finish is not None}
             if event is not None:
@@ -115,11 +131,14 @@ class Shape:
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return self._envelope([choice], chunk=True)
 
-    def usage_chunk(self, event) -> dict:
-        """The last chunk of a stream with ``stream_options.include_usage``."""
-        return {**self._envelope([], chunk=True), "usage": _usage(event), "timings": server_timings(event)}
+    def usage_chunk(self, events) -> dict:
+        """The last chunk of a stream with ``stream_options.include_usage`` (``events``: the final
+        event of each choice, or the one)."""
+        events = events if isinstance(events, (list, tuple)) else [events]
+        body = self.replies([], events)
+        return {**self._envelope([], chunk=True), "usage": body["usage"], "timings": body["timings"]}

@@ -50,6 +50,17 @@ class FakeDaemon:
         return self.runtime
 
 
+class FakeBridge:
+    def __init__(self, lanes):
+        self.lanes = lanes
+
+    def __call__(self, event):
+        pass
+
+    def lane(self, index):
+        return self if index == 0 else (lambda event: None)
+
+
 class FakeHttp:
     def __init__(self, headers=None):
         self.headers = headers or {}
@@ -60,9 +71,9 @@ def prepare(body, *, grammars=True, ctx=64, headers=None, qos=None, kind="chat")
     daemon = FakeDaemon(grammars, ctx)
     sinks = []
 
-    def make_sink(stream):
+    def make_sink(stream, lanes):
         sinks.append(stream)
-        return lambda event: None
+        return FakeBridge(lanes)
 
     prep = Preparer(daemon, CONFIG).prepare(FakeHttp(headers), body, kind, arrived=1.0, make_sink=make_sink, qos=qos)
     return prep, daemon.runtime.engine, sinks
@@ -120,3 +131,75 @@ def test_prompt_length_for_session_windows_validates_the_body():
     assert preparer.chat_prompt_length({"messages": ASK}) == len(preparer.chat_prompt({"messages": ASK})[1])
     with pytest.raises(InvalidRequest):
         preparer.chat_prompt_length({"messages": ASK, "tools": "nope"})
+
+
+# ---- the rest of the OpenAI fields ----------------------------------------------------------
+
+def full(body, kind="chat", **caps):
+    """prepare() against an engine that serves logprobs, logit_bias and grammars (unless ``caps``
+    says otherwise), with a token_bytes for echo."""
+    daemon = FakeDaemon(True, 64)
+    engine = daemon.runtime.engine
+    for name in ("logprobs", "logit_bias", "grammars"):
+        setattr(engine.capabilities, name, caps.get(name, True))
+    engine.capabilities.generates = caps.get("generates", True)
+    engine.token_bytes = lambda t: b"<%d>" % t
+    return Preparer(daemon, CONFIG).prepare(FakeHttp(), body, kind, arrived=1.0,
+                                            make_sink=lambda stream, lanes: FakeBridge(lanes))
+
+
+def test_n_choices_are_lanes_with_the_same_prompt_and_their_own_seeds():
+    prep = full({"messages": ASK, "n": 3, "seed": 7, "temperature": 0.8})
+    reqs = prep.requests
+    assert len(reqs) == 3 and prep.request is reqs[0] and reqs[0].sink is prep.bridge
+    assert len({r.id for r in reqs}) == 3 and all(r.prompt_tokens == reqs[0].prompt_tokens for r in reqs)
+    assert [r.sampling.seed for r in reqs] == [7, 8, 9] and [r.meta.get("choice") for r in reqs] == [None, 1, 2]
+    assert all(r.sampling.temperature == 0.8 for r in reqs)
+    assert [r.sampling.seed for r in full({"messages": ASK, "n": 2}).requests] == [None, None]
+    with pytest.raises(InvalidRequest) as info:
+        full({"input_prefix": "a", "input_suffix": "b", "n": 2}, kind="infill")
+    assert info.value.param == "n"
+
+
+def test_logprobs_bias_and_formats_reach_the_sampling_params():
+    prep = full({"messages": ASK, "logprobs": True, "top_logprobs": 3, "logit_bias": {"5": -100},
+                 "response_format": {"type": "json_object"}})
+    sampling = prep.request.sampling
+    assert (prep.logprobs, sampling.logprobs, sampling.logit_bias) == (3, 3, ((5, -100.0),))
+    assert sampling.json_schema.choices[0].schema == {"type": "object"} and prep.request.prompt_logprobs is None
+    assert full({"prompt": "a b", "logprobs": 2}, kind="completion").request.sampling.logprobs == 2
+
+
+def test_a_feature_the_engine_lacks_is_a_400_naming_the_field():
+    cases = [({"messages": ASK, "logprobs": True}, {"logprobs": False}, "logprobs"),
+             ({"messages": ASK, "logit_bias": {"1": 1}}, {"logit_bias": False}, "logit_bias"),
+             ({"messages": ASK, "response_format": {"type": "json_object"}}, {"grammars": False}, "response_format"),
+             ({"messages": ASK}, {"generates": False}, "model")]
+    for body, caps, param in cases:
+        with pytest.raises(InvalidRequest) as info:
+            full(body, **caps)
+        assert (info.value.param, info.value.code) == (param, "unsupported_value")
+
+
+def test_json_formats_and_forced_calls_do_not_mix():
+    with pytest.raises(InvalidRequest) as info:
+        full({"messages": ASK, "tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}})
+    assert info.value.param == "response_format"
+    with pytest.raises(InvalidRequest) as info:
+        full({"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "s", "schema": {"type": "string", "format": "made-up"}}}})
+    assert (info.value.param, info.value.code) == ("response_format", "unsupported_schema")
+
+
+def test_echo_scores_the_prompt_and_max_tokens_0_only_scores():
+    prep = full({"prompt": "a bb", "echo": True, "logprobs": 1, "max_tokens": 0, "n": 2}, kind="completion")
+    assert prep.echo == "<1><2>" and prep.score_only and prep.request.max_tokens == 1
+    assert prep.request.prompt_logprobs == 1 and prep.requests[1].prompt_logprobs is None  # scored once
+    prep = full({"prompt": "a", "echo": True}, kind="completion")
+    assert prep.echo == "<1>" and not prep.score_only and prep.request.prompt_logprobs is None
+    for body, param in (({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+                        ({"prompt": "a", "echo": True, "logprobs": 1, "stream": True}, "echo"),
+                        ({"prompt": "a", "suffix": "b", "echo": True}, "echo")):
+        with pytest.raises(InvalidRequest) as info:
+            full(body, kind="completion")
+        assert info.value.param == param

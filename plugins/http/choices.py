@@ -1,0 +1,111 @@
+"""The choices of one reply, each answered from its own lane's events.
+
+A request with ``n`` > 1 runs as n lanes with the same prompt (see :mod:`.prepare`); each
+:class:`Choice` keeps what its lane produced (text, tool-call parsing, logprobs) and shapes its
+part of the reply: the streamed chunks of its index as its events come (interleaved with the
+other choices' chunks), or its entry of ``choices`` in a reply sent whole. A one-choice reply is
+the same with n = 1, so both paths are one."""
+
+from __future__ import annotations
+
+import attrs
+
+from . import tool_parse
+from .logprob_format import CompletionLogprobs, TokenText, chat_entries, chat_object
+from .responses import Shape
+
+
+class Choice:
+    """Choice ``index`` of a prepared reply (``prep``: :class:`~.prepare.Prepared`)."""
+
+    def __init__(self, index: int, prep, shape: Shape, text: TokenText):
+        self.index = index
+        self.prep = prep
+        self.shape = shape
+        self.text = text
+        self.parts: list[str] = []  # the generated text, as released
+        self.logprobs: list = []  # the generated tokens' TokenLogprobs (a reply sent whole)
+        self.parser = tool_parse.StreamParser(prep.tools) if prep.stream and prep.tools.active else None
+        self.streamed_logprobs = (CompletionLogprobs(text, prep.logprobs)
+                                  if prep.stream and shape.kind == "completion" and prep.logprobs is not None else None)
+        self.event = None  # the lane's final event, once it finished
+        self.parsed = None  # the reply split into content and calls (tools were offered)
+        self.generated = 0  # completion tokens seen so far: what the key's tokens-per-minute is charged
+
+    @property
+    def reply(self) -> str:
+        """The assistant's reply: the tool pre-fill ("" unless a call is forced), then the text."""
+        return self.prep.tools.prefill + "".join(self.parts)
+
+    # ---- events ----------------------------------------------------------------------------
+
+    def delta(self, event) -> list[dict]:
+        """Take a "delta" event; the chunks it makes (for a stream)."""
+        if self.prep.score_only:  # the one token generated to score the prompt is not the reply's
+            return []
+        self.generated += len(event.token_ids)
+        self.parts.append(event.text)
+        if not self.prep.stream:
+            self.logprobs.extend(event.logprobs)
+            return []
+        text = self.parser.feed(event.text) if self.parser and event.text else event.text
+        logprobs = self._chunk_logprobs(event.logprobs)
+        if not text and not (logprobs and event.logprobs):
+            return []
+        return [self.shape.chunk(text=text, index=self.index, logprobs=logprobs)]
+
+    def _chunk_logprobs(self, logprobs) -> dict | None:
+        if self.prep.logprobs is None:
+            return None
+        if self.streamed_logprobs is not None:
+            return self.streamed_logprobs.add(logprobs)
+        return chat_object(chat_entries(logprobs, self.text, self.prep.logprobs))
+
+    def finish(self, event) -> list[dict]:
+        """Take the lane's "finished" event; the closing chunks (for a stream)."""
+        if self.prep.score_only:  # as if max_tokens 0 had been run: nothing generated
+            event = attrs.evolve(event, completion_tokens=0, finish_reason="length")
+        self.event = event
+        self.generated = max(self.generated, event.completion_tokens)
+        if self.prep.tools.active and not self.parser:
+            self.parsed = tool_parse.parse(self.reply, event.finish_reason, self.prep.tools)
+        if not self.prep.stream:
+            return []
+        chunks, finish = [], event.finish_reason
+        if self.parser:  # what was held back: the rest of the content, then the calls whole
+            rest, self.parsed = self.parser.finish(finish)
+            if rest:
+                chunks.append(self.shape.chunk(text=rest, index=self.index))
+            if self.parsed.calls:
+                chunks.append(self.shape.chunk(tool_calls=tool_parse.stream_deltas(self.parsed.calls),
+                                               index=self.index))
+            finish = self.parsed.finish_reason
+        chunks.append(self.shape.chunk(finish=finish, event=event, index=self.index))
+        return chunks
+
+    # ---- shapes ----------------------------------------------------------------------------
+
+    def opening(self) -> list[dict]:
+        """A stream's first chunks of this choice: the role (chat), the echoed prompt (completion)."""
+        if self.shape.kind == "chat":
+            return [self.shape.chunk(role=True, index=self.index)]
+        if self.prep.echo:
+            return [self.shape.chunk(text=self.prep.echo, index=self.index)]
+        return []
+
+    def whole(self, prompt_scores=()) -> dict:
+        """This choice's entry of a reply sent whole; ``prompt_scores``: the scored prompt's
+        logprobs (positions 1..), for echo with logprobs."""
+        top, logprobs = self.prep.logprobs, None
+        if self.shape.kind == "chat":
+            if top is not None:
+                logprobs = chat_object(chat_entries(self.logprobs, self.text, top))
+            return self.shape.choice(self.reply, self.event, self.parsed, index=self.index, logprobs=logprobs)
+        if top is not None:
+            built = CompletionLogprobs(self.text, top)
+            if self.prep.echo is not None:
+                built.prompt(self.prep.request.prompt_tokens, prompt_scores)
+            built.add(self.logprobs)
+            logprobs = built.whole
+        return self.shape.choice((self.prep.echo or "") + self.reply, self.event, index=self.index,
+                                 logprobs=logprobs)
