@@ -244,3 +244,53 @@ def test_embeddings_are_the_mean_hidden_state(tiny):
     total = (np.asarray(a.embedding_sum) + np.asarray(b.embedding_sum)) / (a.pooled + b.pooled)
     assert a.pooled + b.pooled == len(prompt)
     assert np.allclose(total, ref, atol=1e-4, rtol=1e-4)
+
+
+# ---- through the HTTP API, with the openai client -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_server(start_server, tiny_path):
+    return start_server("--model", tiny_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2")
+
+
+def _client(srv):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_server_completion_logprobs_and_echo(tiny_server, tiny):
+    """A completion's logprobs (and, with echo, the prompt's) are the model's own."""
+    model, vocab = tiny
+    prompt = _prompt(vocab)
+    r = _client(tiny_server).completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0,
+                                                logprobs=2, echo=True, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 4
+    generated = [int(np.argmax(_log_softmax(model, prompt)[-1]))]
+    for _ in range(3):
+        generated.append(int(np.argmax(_log_softmax(model, prompt + generated)[-1])))
+    ref = _log_softmax(model, prompt + generated[:-1])
+    seq = prompt + generated
+    # echo: position 0 has no logprob (None), then every prompt and generated token in order
+    assert len(lp.token_logprobs) == len(seq) and lp.token_logprobs[0] is None
+    for pos in range(1, len(seq)):
+        assert abs(lp.token_logprobs[pos] - ref[pos - 1, seq[pos]]) < 1e-4, pos
+        assert max(lp.top_logprobs[pos].values()) == pytest.approx(ref[pos - 1].max(), abs=1e-4)
+
+
+def test_server_response_format_json_schema(tiny_server):
+    r = _client(tiny_server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me about the water"}], max_tokens=80,
+        temperature=0, response_format={"type": "json_schema",
+                                        "json_schema": {"name": "facts", "strict": True, "schema": SCHEMA}})
+    assert r.choices[0].finish_reason == "stop"
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"ok", "n", "tag"} and value["n"] in (1, 2, 3) and value["tag"] in ("water", "people")
+
+
+def test_server_embeddings_are_the_normalised_mean(tiny_server, tiny):
+    model, vocab = tiny
+    text = "the people of the water"
+    r = _client(tiny_server).embeddings.create(model="tiny", input=[text])
+    mean = _hidden(model, vocab.tokenize(text, True, True)).mean(axis=0)
+    assert np.allclose(r.data[0].embedding, mean / np.linalg.norm(mean), atol=1e-4)
