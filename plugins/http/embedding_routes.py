@@ -89,6 +89,15 @@ def tokens_of(runtime, inputs: list[str | list[int]]) -> list[list[int]]:
     return out
 
 
+def check_context(prompts: list[list[int]], ctx: int) -> None:
+    """Every input must fit the context, as the scheduler's submit requires: checked for all of
+    them before the first is queued, so a bad input late in a batch costs nothing computed."""
+    for i, tokens in enumerate(prompts):
+        if len(tokens) >= ctx:
+            raise ContextLengthExceeded(f"input[{i}]: this model's maximum context length is {ctx} tokens, "
+                                        f"but the input has {len(tokens)} tokens.", param="input")
+
+
 def encoding_format(body: dict) -> str:
     value = body.get("encoding_format")
     if value is None:
@@ -147,6 +156,7 @@ class EmbeddingRoutes:
         fmt = encoding_format(body)
         check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
         prompts = tokens_of(runtime, raw_inputs(body))
+        check_context(prompts, runtime.scheduler.settings.context_length)
         cls = note_class(request, applied_class(request, self.config))
         key = request_key(request)
         if key is not None:
