@@ -71,7 +71,8 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
     sids = [server.call("POST", "/v1/sessions", body)[1]["id"]
             for body in ({}, {"system": "Be brief.", "pin_system": True}, {"qos": "background"})]
     schemas = doc["components"]["schemas"]
-    for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest",
+                 "EmbeddingRequest", "TokenizeRequest", "DetokenizeRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "", "no-such-model"],
                                                 "nullable": True}
     if bounded:
@@ -80,12 +81,15 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
                 if key in schemas[name]["properties"]:
                     schemas[name]["properties"][key] = {"type": "integer", "minimum": 1, "maximum": 8,
                                                         "nullable": True}
+        for variant in schemas["EmbeddingRequest"]["properties"]["input"]["anyOf"]:
+            if variant["type"] == "array":  # a few inputs per request, each a lane
+                variant["maxItems"] = min(variant.get("maxItems", 8), 8)
     for item in doc["paths"].values():
         for op in item.values():
             for param in op.get("parameters", []):
                 if param["in"] == "path" and param["name"] == "sid":
                     param["schema"] = {"type": "string", "enum": [*sids, "no-such-session"]}
-                if param["in"] == "path" and param["name"] == "name":
+                if param["in"] == "path" and param["name"] in ("name", "id"):
                     param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
                 if param["in"] == "query" and param["name"] == "model":
                     param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
