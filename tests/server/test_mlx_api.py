@@ -294,3 +294,36 @@ def test_server_embeddings_are_the_normalised_mean(tiny_server, tiny):
     r = _client(tiny_server).embeddings.create(model="tiny", input=[text])
     mean = _hidden(model, vocab.tokenize(text, True, True)).mean(axis=0)
     assert np.allclose(r.data[0].embedding, mean / np.linalg.norm(mean), atol=1e-4)
+
+
+# ---- the constrainer of an mlx-lm directory ----------------------------------------------------
+
+def test_directory_constrainer_masks_as_the_gguf_one(tmp_path, model_path):
+    """SmolLM2 as an mlx-lm directory (Hugging Face tokenizer) and as a GGUF (llama.cpp's vocab):
+    their constrainers allow the same tokens at every step of a JSON reply, and refuse the
+    control tokens the grammar cannot spell."""
+    from superfluid.plugins.mlx.convert import convert
+
+    out = convert(model_path, str(tmp_path / "smol-mlx"))
+    gguf = VocabConstrainer(model_path, None, {2})
+    hf = VocabConstrainer(out, None, {2})
+    try:
+        assert gguf.n_vocab == hf.n_vocab == 49152
+        assert gguf.vocab.info.n_embd == hf.vocab.info.n_embd == 576  # ModelInfo.n_embd, both ways
+        assert gguf.vocab.model_type == hf.vocab.model_type == "llama"
+        note = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"],
+                "additionalProperties": False}
+        params = SamplingParams(temperature=0.0, json_schema=JsonConstraint(choices=(JsonChoice("", note),)))
+        reply = gguf.vocab.tokenize(json.dumps({"note": "the <b>water</b> is 12"}), False, False)
+        lanes = [c.for_lane(params) for c in (gguf, hf)]
+        im_start = gguf.vocab.tokenize("<|im_start|>", False, True)
+        assert len(im_start) == 1 and im_start[0] != 2
+        for token in reply + [2]:
+            a, b = (lane.allowed() for lane in lanes)
+            assert a[token] and np.array_equal(a, b)
+            assert not a[im_start[0]]
+            assert all(lane.accept(token) for lane in lanes)
+        assert all(lane.done for lane in lanes)
+    finally:
+        gguf.close()
+        hf.close()
