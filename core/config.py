@@ -116,6 +116,8 @@ def core_options() -> list[Option]:
         Option("model-name", str, None, "name clients use for --model (default: the file's stem)", metavar="NAME"),
         Option("engine", str, "llamacpp", "engine adapter for --model", model_scoped=True, metavar="NAME"),
         Option("max-batch", int, 8, "concurrent lanes per model", in_range(1, 256), model_scoped=True, metavar="N"),
+        Option("embedding-only", bool, False, "serve the model for /v1/embeddings only: chat and completions "
+               "requests for it are refused with a 400", model_scoped=True),
         Option("max-context", int, 0, "per-lane context window in tokens (0: the model's, at most 8192)",
                in_range(0, 1 << 20), model_scoped=True, metavar="N"),
         Option("prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 selects the adaptive controller",

@@ -42,3 +42,46 @@ def apply_bias(row: np.ndarray, bias: tuple[tuple[int, float], ...]) -> None:
     for token, value in bias:
         if 0 <= token < row.shape[0]:
             row[token] = -np.inf if value <= -100 else row[token] + value
+
+
+class LaneRow:
+    """One lane's handling of a logits row around its engine's sampler, for a lane whose sampling
+    is not :attr:`~superfluid.core.request.SamplingParams.plain`: :meth:`before` (keep the raw row
+    for logprobs, add the bias, mask what the constraint forbids, all in place) then the engine
+    samples from the row, then :meth:`after` (move the constraint on, read the logprob).
+
+    ``constraint`` is the lane's :class:`~superfluid.core.constrain.LaneConstraint` or None."""
+
+    def __init__(self, params, constraint=None):
+        self.top = params.logprobs
+        self.bias = tuple(params.logit_bias)
+        self.constraint = constraint
+        self._raw: np.ndarray | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.constraint is not None
+
+    def before(self, row: np.ndarray) -> None:
+        self._raw = None
+        if self.top is not None:
+            # the raw distribution: copied only if the row is about to change under it
+            self._raw = row.copy() if (self.bias or self.constraint is not None) else row
+        if self.bias:
+            apply_bias(row, self.bias)
+        if self.constraint is not None:
+            self.constraint.mask(row)
+
+    def after(self, token: int) -> TokenLogprob | None:
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        if self._raw is None:
+            return None
+        entry = token_logprob(self._raw, token, self.top)
+        self._raw = None
+        return entry
+
+    def accept(self, token: int) -> None:
+        """A generated token replayed into the KV (a resumed lane): the constraint moves past it."""
+        if self.constraint is not None:
+            self.constraint.accept(token)

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from .constrain import UnsupportedConstraint
+from .constrain import check as check_constraint
 from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, QueueFull, ServiceUnavailable,
                      SuperfluidError)
 from .arrivals import ArrivalWindow
@@ -71,6 +73,7 @@ class ModelLoop:
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {ctx} tokens, but the prompt has {n} tokens.",
                 param="messages" if request.meta.get("chat") else "prompt")
+        self._check_kind(request)
         lane = Lane(request=request, text=TextStream(self.engine.token_bytes, request.stop))
         with self._cv:
             if self._closed:
@@ -86,6 +89,17 @@ class ModelLoop:
             elif self._quiet_tick:  # it promised to yield to a newcomer
                 self.engine.request_yield()
         return lane
+
+    def _check_kind(self, request: Request) -> None:
+        """An embedding for a model whose engine has none, or a generation for an embedding-only
+        model: a 400 naming the model, whatever front end sent it."""
+        caps = self.engine.capabilities
+        if request.embed and not getattr(caps, "embeddings", False):
+            raise InvalidRequest(f"model {self.name!r} does not serve embeddings (its engine cannot "
+                                  "compute them)", code="embeddings_not_supported", param="model")
+        if not request.embed and not getattr(caps, "generates", True):
+            raise InvalidRequest(f"model {self.name!r} is embedding-only (embedding-only = true): use "
+                                  "/v1/embeddings", code="model_not_generative", param="model")
 
     def _check_queue(self, request: Request) -> None:
         """A class whose queue already holds --max-queue requests refuses one more: a 429 the

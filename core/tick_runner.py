@@ -34,7 +34,7 @@ class Work:
     and calls :meth:`sampled`. A lane is done when its feed is empty."""
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from", "targets", "score_top", "embed")
+                 "was_decoding", "replay_from", "targets", "score_top", "embed", "ends_prompt")
 
     def __init__(self, lp: LanePlan, accept: bool):
         self.slot = lp.slot
@@ -50,6 +50,7 @@ class Work:
         self.targets = list(lp.targets) if lp.targets is not None else None
         self.score_top = lp.score_top
         self.embed = lp.embed
+        self.ends_prompt = lp.sample  # the feed reaches the end of the lane's tokens
         if lp.embed:
             self.sample = False
         self.result = LaneResult(slot=lp.slot)

@@ -39,7 +39,8 @@ class LlamaCppEngine(WorkerEngine):
         self.capabilities = EngineCapabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefill_step_tokens=512,
-            aborts_mid_step=True, grammars=True, compact_slots=True,
+            aborts_mid_step=True, grammars=True, compact_slots=True, logprobs=True, logit_bias=True,
+            embeddings=True, generates=not model["embedding-only"],
             prefix_cache=not self.vocab.recurrent,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.worker = WorkerProcess(model.name)

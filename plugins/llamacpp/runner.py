@@ -22,12 +22,14 @@ import llama_cpp
 import numpy as np
 
 from superfluid.core import tick_runner
+from superfluid.core.logits import LaneRow, token_logprob
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
 from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
 from superfluid.core.worker_process import STOP
 
 from . import native
-from .sampling import accept_prompt, build_sampler, free_sampler, has_grammar
+from .hidden import HiddenStates
+from .sampling import build_sampler, free_sampler
 
 
 def _slot(w: Work) -> int:
@@ -38,7 +40,8 @@ class TickRunner(tick_runner.TickRunner):
     """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int, *,
-                 unified: bool = False, n_swa: int = 0, recurrent: bool = False, native_rounds: bool = True):
+                 unified: bool = False, n_swa: int = 0, recurrent: bool = False, native_rounds: bool = True,
+                 pooling: str = "mean"):
         super().__init__(stop_flag, kv_capacity)
         self.model = model
         self.ctx = ctx
@@ -51,8 +54,10 @@ class TickRunner(tick_runner.TickRunner):
         self.recurrent = recurrent  # a recurrent state cannot be cut back
         self.batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
         self.penalized: set[int] = set()
-        self.constrained: set[int] = set()  # grammar lanes: the chain's head is a grammar sampler
-        self.greedy: set[int] = set()  # plain argmax lanes: sampled with numpy, no chain
+        self.greedy: set[int] = set()  # argmax lanes (no penalties): sampled with numpy, no chain
+        # lanes whose logits row is worked on around the sampler (bias, constraint, logprobs)
+        self.rows: dict[int, LaneRow] = {}
+        self._constrainer = None  # built on the first constrained lane (about 0.25 s)
         self.parked: dict[str, ctypes.Array]  # park key -> a sequence's KV state, in host memory
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.logits = LogitRows(self.n_vocab)
@@ -63,6 +68,7 @@ class TickRunner(tick_runner.TickRunner):
         # steps where every lane feeds back its last token run in C when the extension is built
         lib = native.load() if native_rounds else None
         self.rounds = native.DecodeRounds(lib, ctx, self.vocab, self.batch, self.n_vocab, stop_flag) if lib else None
+        self.hidden = HiddenStates(ctx, llama_cpp.llama_model_n_embd(model), pooling)
 
     def close(self) -> None:
         for chain in self.samplers.values():
@@ -78,8 +84,8 @@ class TickRunner(tick_runner.TickRunner):
     def drop_sampler(self, slot: int) -> None:
         free_sampler(self.samplers.pop(slot, None))
         self.penalized.discard(slot)
-        self.constrained.discard(slot)
         self.greedy.discard(slot)
+        self.rows.pop(slot, None)
 
     def cut(self, slot: int, pos: int) -> None:
         if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) >= pos:
@@ -163,47 +169,68 @@ class TickRunner(tick_runner.TickRunner):
     # ---- sampling --------------------------------------------------------------------------
 
     def new_sampler(self, lp: LanePlan) -> None:
-        chain = self.samplers[lp.slot] = build_sampler(lp.sampling, self.vocab)
-        if has_grammar(chain, lp.sampling):
-            self.constrained.add(lp.slot)
-        if lp.sampling.uses_penalties:
+        params = lp.sampling
+        chain = self.samplers[lp.slot] = build_sampler(params, self.vocab)
+        if params.uses_penalties:
             self.penalized.add(lp.slot)
-        elif lp.sampling.greedy and lp.slot not in self.constrained:
+        elif params.greedy:
             self.greedy.add(lp.slot)
-        # A fresh sampler catches up on the tokens already in the KV: penalties see them
-        # all, a grammar only the generated ones (from ``replay_from``, the prompt's end).
-        for pos, token in enumerate(lp.history or ()):
-            self._accept(lp.slot, chain, token, pos, lp.replay_from)
+        if not params.plain:
+            generated = lp.history[lp.replay_from:] if lp.history and lp.replay_from is not None else ()
+            constraint = self.constrainer().for_lane(params, generated) if params.constrained else None
+            self.rows[lp.slot] = LaneRow(params, constraint)
+        # A fresh sampler catches up on the tokens already in the KV: penalties see them all (a
+        # constraint, above, only the generated ones: from ``replay_from``, the prompt's end).
+        if lp.slot in self.penalized:
+            for token in lp.history or ():
+                llama_cpp.llama_sampler_accept(chain, token)
+
+    def constrainer(self):
+        """Token masks for this vocabulary (llguidance), built once per worker."""
+        if self._constrainer is None:
+            from .constraints import constrainer
+
+            self._constrainer = constrainer(self.vocab, self.n_vocab)
+        return self._constrainer
 
     def accepts(self, slot: int) -> bool:
-        return slot in self.penalized or slot in self.constrained
+        row = self.rows.get(slot)
+        return slot in self.penalized or (row is not None and row.constrained)
 
     def _accept(self, slot: int, chain, token: int, pos: int, generated_from: int | None) -> None:
-        """Feed a token already in the KV (at ``pos``) to a fresh sampler: to all of a plain chain
-        with penalties; to a grammar chain's grammar only if it is generated (``pos`` at or past
-        ``generated_from``, the prompt's length; None: nothing generated yet), to its penalties
-        (if any) always."""
-        if slot not in self.constrained:
-            if slot in self.penalized:
-                llama_cpp.llama_sampler_accept(chain, token)
-        elif generated_from is not None and pos >= generated_from:
+        """Feed a token already in the KV (at ``pos``) to a fresh sampler: a chain with penalties
+        takes every token; a constraint only generated ones (``pos`` at or past
+        ``generated_from``, the prompt's length; None: nothing generated yet)."""
+        if slot in self.penalized:
             llama_cpp.llama_sampler_accept(chain, token)
-        elif slot in self.penalized:
-            accept_prompt(chain, token)
+        row = self.rows.get(slot)
+        if row is not None and generated_from is not None and pos >= generated_from:
+            row.accept(token)
 
-    def _sample(self, slot: int, chain, index: int) -> int:
-        """Greedy lanes take the argmax of the logits directly (the first maximum, as llama.cpp's
-        greedy sampler does) instead of building a candidate array for the whole vocabulary."""
+    def _sample(self, slot: int, chain, index: int):
+        """(token, its TokenLogprob or None). Greedy lanes take the argmax of the logits directly
+        (the first maximum, as llama.cpp's greedy sampler does) instead of building a candidate
+        array for the whole vocabulary. A lane with a bias, a constraint or logprobs has its row
+        worked on first, in place (llama.cpp's sampler reads the same buffer)."""
+        row = self.rows.get(slot)
+        if row is None:
+            if slot in self.greedy:
+                return int(self.logits.row(self.ctx, index).argmax()), None
+            return llama_cpp.llama_sampler_sample(chain, self.ctx, index), None
+        logits = self.logits.row(self.ctx, index)
+        row.before(logits)
         if slot in self.greedy:
-            return int(self.logits.row(self.ctx, index).argmax())
-        return llama_cpp.llama_sampler_sample(chain, self.ctx, index)
+            token = int(logits.argmax())
+        else:
+            token = llama_cpp.llama_sampler_sample(chain, self.ctx, index)
+        return token, row.after(token)
 
     # ---- steps -----------------------------------------------------------------------------
 
     def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
         """Decode rounds in C while every lane feeds back its last token (each feeds one), else
         one step in Python."""
-        if self.rounds is not None and all(w.decoding for w in active):
+        if self.rounds is not None and all(w.decoding and w.slot not in self.rows for w in active):
             return self._decode_rounds(active, plan.quiet, result.steps)
         return self._step(active, plan.step_tokens, result.steps)
 
@@ -232,6 +259,7 @@ class TickRunner(tick_runner.TickRunner):
         # ... but the batch itself goes in sequence order: with per-sequence KV buffers an
         # unsorted batch is split into several forward passes (measured: 73 ms vs 40 ms a step).
         shares.sort(key=lambda share: share[0].slot)
+        scores: list[tuple[Work, int, list]] = []  # (work, first batch index, targets)
         for w, count in shares:
             last = count == len(w.feed) and w.sample
             for i in range(count):
@@ -239,18 +267,38 @@ class TickRunner(tick_runner.TickRunner):
                 batch.pos[n + i] = w.pos + i
                 batch.n_seq_id[n + i] = 1
                 batch.seq_id[n + i][0] = w.slot
-                batch.logits[n + i] = False
+                batch.logits[n + i] = w.embed  # an embedding lane needs every token's hidden state
             if last:
                 batch.logits[n + count - 1] = True
+            targets = w.scored(count)
+            if targets:
+                for i, target in enumerate(targets):
+                    if target is not None:
+                        batch.logits[n + i] = True
+                scores.append((w, n, targets))
             taken.append((w, n, count))
             if w.decoding:
                 decode_tokens += 1
             n += count
         batch.n_tokens = n
+        embedding = any(w.embed for w, _, _ in taken)
         t0 = time.perf_counter()
-        if not self._decode(n):
-            return False
+        if embedding:
+            llama_cpp.llama_set_embeddings(self.ctx, True)
+        try:
+            if not self._decode(n):
+                return False
+        finally:
+            if embedding:
+                llama_cpp.llama_set_embeddings(self.ctx, False)
+        for w, first, targets in scores:
+            for i, target in enumerate(targets):
+                if target is not None:
+                    w.result.prompt_logprobs.append(
+                        token_logprob(self.logits.row(self.ctx, first + i), target, w.score_top))
         for w, first, count in taken:
+            if w.embed:
+                self.hidden.pool(w, first, count)
             fed = w.feed[:count]
             del w.feed[:count]
             start = w.pos
@@ -264,8 +312,8 @@ class TickRunner(tick_runner.TickRunner):
                     self._accept(w.slot, smpl, t, start + i, w.replay_from)
             if w.feed or not w.sample:
                 continue
-            token = self._sample(w.slot, smpl, first + count - 1)
-            w.sampled(token, self.is_eog(token))
+            token, logprob = self._sample(w.slot, smpl, first + count - 1)
+            w.sampled(token, self.is_eog(token), logprob)
         seconds = time.perf_counter() - t0
         steps.append(StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds))
         return True

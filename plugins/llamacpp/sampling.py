@@ -1,41 +1,20 @@
 """Per-lane samplers built from llama.cpp's own sampler chain, so greedy and seeded output are
-what llama.cpp itself gives."""
+what llama.cpp itself gives. Constraints, ``logit_bias`` and logprobs are applied to the logits row
+before the chain sees it (``runner.TickRunner._sample``), by the rules every engine shares
+(``superfluid.core.logits``, ``superfluid.core.constrain``)."""
 
 from __future__ import annotations
-
-import logging
 
 import llama_cpp
 
 from superfluid.core.request import SamplingParams
 
-from .grammar import grammar_text
-
-log = logging.getLogger("superfluid.llamacpp")
-
-
-def grammar_sampler(vocab, grammar: str):
-    """llama.cpp's GBNF sampler for ``grammar`` (root rule ``root``), or None if llama.cpp
-    rejects the grammar (it says why on stderr)."""
-    smpl = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
-    return smpl or None
-
 
 def build_sampler(params: SamplingParams, vocab):
-    """A sampler chain in llama.cpp's usual order: grammar, penalties, top-k, top-p, min-p,
-    temperature, dist. The grammar, if any, is the chain's first sampler (index 0), so a caller can
-    feed prompt tokens to the others only (see :func:`accept_prompt`). The grammar is the
-    request's own or the one its JSON constraint converts to (:mod:`.grammar`); one llama.cpp
-    rejects is left out with a warning rather than failing the tick."""
+    """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temperature,
+    dist (greedy: penalties, then the argmax)."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     add = lambda s: llama_cpp.llama_sampler_chain_add(chain, s)  # noqa: E731
-    grammar = grammar_text(params)
-    if grammar:
-        smpl = grammar_sampler(vocab, grammar)
-        if smpl is None:
-            log.warning("llama.cpp rejected a request's grammar; sampling it unconstrained")
-        else:
-            add(smpl)
     if params.uses_penalties:
         # the vendored llama.cpp still takes the vocabulary's size first
         add(llama_cpp.llama_sampler_init_penalties(llama_cpp.llama_vocab_n_tokens(vocab), params.penalty_last_n,
@@ -54,19 +33,6 @@ def build_sampler(params: SamplingParams, vocab):
     seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF
     add(llama_cpp.llama_sampler_init_dist(seed))
     return chain
-
-
-def has_grammar(chain, params: SamplingParams) -> bool:
-    """Whether ``build_sampler`` put a grammar at the head of this chain."""
-    return params.constrained and llama_cpp.llama_sampler_chain_n(chain) > 0 and llama_cpp.llama_sampler_name(
-        llama_cpp.llama_sampler_chain_get(chain, 0)) == b"grammar"
-
-
-def accept_prompt(chain, token: int) -> None:
-    """Feed a prompt token to every sampler of a grammar chain but the grammar (it constrains
-    the generated text only)."""
-    for i in range(1, llama_cpp.llama_sampler_chain_n(chain)):
-        llama_cpp.llama_sampler_accept(llama_cpp.llama_sampler_chain_get(chain, i), token)
 
 
 def free_sampler(chain) -> None:

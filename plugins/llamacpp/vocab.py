@@ -68,7 +68,15 @@ class Vocab:
             fim_prefix=tok(llama_cpp.llama_vocab_fim_pre(v)),
             fim_suffix=tok(llama_cpp.llama_vocab_fim_suf(v)),
             fim_middle=tok(llama_cpp.llama_vocab_fim_mid(v)),
-            n_vocab=self.n_vocab, n_ctx_train=self._context_length())
+            n_vocab=self.n_vocab, n_ctx_train=self._context_length(), n_embd=self._width())
+
+    def _width(self) -> int:
+        """The model's hidden size (an embedding's width), from metadata."""
+        arch = self._meta("general.architecture") or ""
+        try:
+            return int(self._meta(f"{arch}.embedding_length") or "0")
+        except ValueError:
+            return 0
 
     def _context_length(self) -> int:
         """Training context from metadata (a vocab-only load reports 0 through the API)."""

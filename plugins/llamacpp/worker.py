@@ -77,6 +77,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
     import psutil
 
+    from .hidden import model_pooling
     from .runner import TickRunner
 
     llama_cpp._logger.logger.setLevel(40)
@@ -120,6 +121,9 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     cparams.n_threads_batch = spec.threads
     cparams.flash_attn_type = spec.flash_attn
     cparams.no_perf = True
+    # no pooling layer of llama.cpp's: embedding lanes are prefilled in chunks like any other and
+    # pooled by the runner (hidden.py), so the context needs none and generation is unaffected
+    cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
     abort_on_flag(cparams, stop_flag)
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
@@ -128,7 +132,8 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
     runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
                         lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
-                        n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds)
+                        n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
+                        pooling=model_pooling(model))
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
                          "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None}))

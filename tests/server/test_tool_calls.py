@@ -256,42 +256,30 @@ def vocab(model_path):
     llama_cpp.llama_model_free(model)
 
 
-def grammar(tools) -> str:
-    """The GBNF llama.cpp holds a forced call's rest to: the plan's JSON constraint, converted."""
-    from superfluid.plugins.llamacpp.grammar import gbnf
+def grammar(tools):
+    """What a forced call's rest is held to: the plan's JSON constraint, as sampling carries it."""
+    from superfluid.core.request import SamplingParams
 
-    return gbnf(tools.constraint)
+    return SamplingParams(json_schema=tools.constraint)
 
 
-def grammar_takes(vocab, grammar: str, text: str) -> bool:
-    """Whether llama.cpp's grammar sampler lets ``text`` through, token by token, and then lets
-    the generation end (each token is checked before it is accepted: a rejected one would abort)."""
-    import ctypes
-
+def grammar_takes(vocab, sampling, text: str) -> bool:
+    """Whether the constraint (llguidance's token masks, as the engines apply them) lets ``text``
+    through, token by token, and then lets the generation end."""
     import llama_cpp
 
-    from superfluid.plugins.llamacpp.sampling import free_sampler, grammar_sampler
+    from superfluid.plugins.llamacpp.constraints import constrainer
 
-    smpl = grammar_sampler(vocab, grammar)
-    assert smpl is not None, "llama.cpp rejected the grammar"
-
-    def allowed(token: int) -> bool:
-        data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0.0))
-        arr = llama_cpp.llama_token_data_array(data, 1, -1, False)
-        llama_cpp.llama_sampler_apply(smpl, ctypes.byref(arr))
-        return data[0].logit != float("-inf")
-
+    lane = constrainer(vocab, llama_cpp.llama_vocab_n_tokens(vocab)).for_lane(sampling)
+    assert lane is not None and not lane.matcher.is_error(), "llguidance rejected the constraint"
     raw = text.encode()
     buf = (llama_cpp.llama_token * (len(raw) + 8))()
     n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
-    try:
-        for token in buf[:n]:
-            if not allowed(token):
-                return False
-            llama_cpp.llama_sampler_accept(smpl, token)
-        return allowed(llama_cpp.llama_vocab_eos(vocab))
-    finally:
-        free_sampler(smpl)
+    for token in buf[:n]:
+        if not lane.allowed()[token]:
+            return False
+        lane.accept(token)
+    return bool(lane.allowed()[llama_cpp.llama_vocab_eos(vocab)])
 
 
 def test_forced_call_grammar_follows_the_schema(vocab):
@@ -320,13 +308,18 @@ def test_required_grammar_alternates_the_names(vocab):
     assert not grammar_takes(vocab, grammar(tools), ' "launch", "arguments": {}}\n</tool_call>')
 
 
-def test_schema_beyond_the_converter_forces_any_object(vocab):
+def test_schema_beyond_the_library_is_refused_not_sampled_freely(vocab):
+    from superfluid.core.constrain import UnsupportedConstraint, check
+
     odd = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "https://example.com/schema.json"}}}}}
     tools = tool_validate.plan({"tools": [odd], "tool_choice": "required"}, grammars=True)
-    assert tools.choice == "function" and grammar(tools)
-    assert grammar_takes(vocab, grammar(tools), ' {"b": [1, {"c": null}]}}\n</tool_call>')
-    assert not grammar_takes(vocab, grammar(tools), ' [1]}\n</tool_call>')
+    assert tools.choice == "function"
+    with pytest.raises(UnsupportedConstraint, match="example.com"):
+        check(grammar(tools))
+
+
+def test_a_tool_without_parameters_takes_any_object(vocab):
     bare = {"type": "function", "function": {"name": "g"}}  # no parameters: any object
     assert grammar_takes(vocab, grammar(tool_validate.plan({"tools": [bare], "tool_choice": "required"}, grammars=True)),
                          ' {}}\n</tool_call>')
