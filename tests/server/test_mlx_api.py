@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 
@@ -158,12 +159,6 @@ def test_logit_bias_bans_and_forces(tiny):
     assert len(drawn) > 1 and not drawn & {first, second}
 
 
-def _fields(params: SamplingParams) -> dict:
-    import attrs
-
-    return attrs.asdict(params, recurse=False)
-
-
 # ---- JSON-schema constraints ------------------------------------------------------------------
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
@@ -190,7 +185,7 @@ def test_json_schema_makes_greedy_output_json(tiny, constrainer):
     # each step is the greedy choice among the tokens the grammar allows: the constrained token is
     # the model's best allowed one, so with logprobs on the tokens do not change
     again = _sample(_runner(tiny, constrainer), prompt,
-                    SamplingParams(**{**_fields(JSON_GREEDY), "logprobs": 1}), 60)
+                    attrs.evolve(JSON_GREEDY, logprobs=1), 60)
     assert again.tokens == lane.tokens
     for i, entry in enumerate(again.logprobs):
         ref = _log_softmax(model, prompt + again.tokens[:i])[-1]
