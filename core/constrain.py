@@ -33,9 +33,30 @@ class UnsupportedConstraint(ValueError):
     """llguidance cannot enforce this schema or grammar; the message says which part."""
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema):
+    """``schema`` with every object that lists ``properties`` but says nothing of others closed
+    to them (``additionalProperties: false``), as llama.cpp's converter reads such a schema: a
+    model held to a function's parameters should not invent more. A schema that states
+    ``additionalProperties`` keeps what it states."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ({name: closed(sub) for name, sub in v.items()} if k in _SCHEMA_MAPS and isinstance(v, dict)
+               else closed(v)) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and "unevaluatedProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _json_value(schema: dict) -> str:
-    """A Lark ``%json`` value for ``schema``, laid out as :data:`JSON_LAYOUT`."""
-    guided = dict(schema) if isinstance(schema, dict) else schema
+    """A Lark ``%json`` value for ``schema`` (closed, see :func:`closed`), laid out as
+    :data:`JSON_LAYOUT`."""
+    guided = closed(schema)
     if isinstance(guided, dict):
         guided["x-guidance"] = {**JSON_LAYOUT, **(guided.get("x-guidance") or {})}
     return "%json " + json.dumps(guided, ensure_ascii=False)

@@ -1,0 +1,110 @@
+"""core/constrain.py: JSON constraints as llguidance grammars and token masks, on the real
+SmolLM2 vocabulary (read vocab-only: no weights)."""
+
+from __future__ import annotations
+
+import pytest
+
+from superfluid.core.constrain import UnsupportedConstraint, check, closed
+from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
+
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("llguidance")
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def held_to(schema, lead: str = "", tail: str = "") -> SamplingParams:
+    return SamplingParams(json_schema=JsonConstraint(choices=(JsonChoice(lead, schema),), tail=tail))
+
+
+@pytest.fixture(scope="module")
+def vocab(model_path):
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    from superfluid.core.default_model import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def constrainer(vocab):
+    from superfluid.plugins.llamacpp.constraints import constrainer
+
+    return constrainer(vocab, llama_cpp.llama_vocab_n_tokens(vocab))
+
+
+def walk(constrainer, vocab, params, text: str) -> bool:
+    """Whether the masks let ``text`` through token by token and then allow the end."""
+    lane = constrainer.for_lane(params)
+    raw = text.encode()
+    buf = (llama_cpp.llama_token * (len(raw) + 8))()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
+    for token in buf[:n]:
+        if not lane.allowed()[token]:
+            return False
+        lane.accept(token)
+    return bool(lane.allowed()[constrainer.eos[0]])
+
+
+def test_objects_that_list_properties_are_closed_unless_they_say():
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}},
+                                               "c": {"type": "object", "additionalProperties": True,
+                                                     "properties": {}}}}
+    got = closed(schema)
+    assert got["additionalProperties"] is False
+    assert got["properties"]["a"]["additionalProperties"] is False
+    assert got["properties"]["c"]["additionalProperties"] is True
+    assert "additionalProperties" not in got["properties"]  # a property map is not a schema
+    assert "additionalProperties" not in schema  # the caller's schema is not changed
+
+
+@pytest.mark.parametrize("schema, reason", [
+    ({"type": "string", "format": "made-up"}, "made-up"),
+    ({"$ref": "https://example.com/s.json"}, "example.com"),
+])
+def test_a_schema_llguidance_cannot_enforce_is_refused_with_its_reason(schema, reason):
+    with pytest.raises(UnsupportedConstraint, match=reason):
+        check(held_to(schema))
+
+
+def test_a_plain_sampling_has_nothing_to_check():
+    check(SamplingParams())
+
+
+def test_masks_follow_the_schema_lead_and_tail(constrainer, vocab):
+    params = held_to(PERSON, lead="<x>", tail="</x>")
+    assert walk(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7}</x>')
+    assert not walk(constrainer, vocab, params, '<x>{"name": "Bo"}</x>')  # age is required
+    assert not walk(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7, "x": 1}</x>')  # closed
+    assert not walk(constrainer, vocab, params, '{"name": "Bo", "age": 7}')  # no lead
+
+
+def test_a_complete_value_allows_only_the_end(constrainer, vocab):
+    lane = constrainer.for_lane(held_to({"type": "integer", "maximum": 9}))
+    raw = b"7"
+    buf = (llama_cpp.llama_token * 8)()
+    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
+    for token in buf[:n]:
+        lane.accept(token)
+    allowed = lane.allowed()
+    assert set(allowed.nonzero()[0]) <= set(constrainer.eos) and allowed[constrainer.eos[0]]
+
+
+def test_a_resumed_lane_continues_where_its_tokens_left_it(constrainer, vocab):
+    text = b'{"name": "Al'
+    buf = (llama_cpp.llama_token * 32)()
+    n = llama_cpp.llama_tokenize(vocab, text, len(text), buf, len(buf), False, False)
+    fresh = constrainer.for_lane(held_to(PERSON))
+    for token in buf[:n]:
+        fresh.accept(token)
+    resumed = constrainer.for_lane(held_to(PERSON), generated=list(buf[:n]))
+    assert (fresh.allowed() == resumed.allowed()).all()
