@@ -165,11 +165,23 @@ def test_stop_string_with_multibyte_character():
     assert ts.text == "price "
 
 
-def test_flush_with_unfinished_character_does_not_leak_raw_bytes():
+def test_flush_drops_an_unfinished_character():
     ts = stream()
     assert ts.push(1) == "Hello"
-    assert ts.push(4) == ""
-    tail = ts.flush()
-    # The decoder replaces the unfinished character; no partial bytes escape as text.
-    assert tail in ("", "\ufffd")
-    assert ts.text == "Hello" + tail
+    assert ts.push(6) == ""  # half an emoji: held back
+    assert ts.flush() == ""  # the generation ended there: dropped, never U+FFFD
+    assert ts.text == "Hello"
+
+
+def test_flush_releases_what_was_held_for_a_stop_but_drops_the_broken_tail():
+    ts = TextStream(TABLE.__getitem__, ("STOP",))
+    assert ts.push(10) == ""  # "ST" could start the stop string
+    assert ts.push(4) == ""   # then a character's first byte
+    assert ts.flush() == "ST"
+    assert ts.text == "ST"
+
+
+def test_invalid_bytes_in_the_middle_are_still_replaced():
+    table = {1: b"a\xff", 2: b"b"}
+    ts = TextStream(table.__getitem__)
+    assert ts.push(1) + ts.push(2) + ts.flush() == "a\ufffdb"  # not a partial character: bad bytes
