@@ -48,7 +48,8 @@ class MlxEngine(WorkerEngine):
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
             aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True,
             # pooling needs the final hidden states, read where the model's layout is known
-            embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS, prefill_step_tokens=worker.PREFILL_STEP,
+            embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS, generates=not model["embedding-only"],
+            prefill_step_tokens=worker.PREFILL_STEP,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.worker = WorkerProcess(model.name, "MLX worker")
 
