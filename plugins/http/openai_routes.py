@@ -190,10 +190,6 @@ class _Answer:
         text = TokenText(prep.runtime.engine.token_bytes)
         self.choices = [Choice(i, prep, shape, text) for i in range(len(prep.requests))]
 
-    @property
-    def generated(self) -> int:
-        return sum(c.generated for c in self.choices)
-
     def summed(self):
         """The first choice's final event with every choice's completion tokens: the access log's."""
         first = self.choices[0].event
