@@ -47,16 +47,18 @@ ASK_CITY = [{"role": "system", "content": "Answer in JSON."},
 HI = [{"role": "user", "content": "Say hello in three words."}]
 
 ENGINES = {
-    # engine: (model name, embedding width: the model's n_embd)
-    "llamacpp": ("smollm2", 576),
-    "mlx": ("tiny", 64),
+    # engine: (model name, embedding width: the model's n_embd, max_tokens for a JSON reply).
+    # The tiny model's vocabulary spells JSON keys a character at a time (47 tokens for a City),
+    # and its tokens cost next to nothing, so it gets more room than SmolLM2's 48.
+    "llamacpp": ("smollm2", 576, 48),
+    "mlx": ("tiny", 64, 160),
 }
 
 
 class Srv:
     def __init__(self, proc, engine: str):
         self.proc, self.engine = proc, engine
-        self.model, self.n_embd = ENGINES[engine]
+        self.model, self.n_embd, self.json_tokens = ENGINES[engine]
         self.base = proc.base
 
     def sync(self):
@@ -131,7 +133,7 @@ def test_stream_without_include_usage_has_none(srv):
 
 def test_tool_choice_named(srv):
     r = srv.sync().chat.completions.create(
-        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER, TIME], max_tokens=48, temperature=0,
+        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER, TIME], max_tokens=srv.json_tokens, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     call = check_weather_call(r.choices[0])
     Weather.model_validate_json(call.function.arguments)
@@ -139,7 +141,7 @@ def test_tool_choice_named(srv):
 
 def test_tool_choice_required_two_tools(srv):
     r = srv.sync().chat.completions.create(
-        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER, TIME], max_tokens=48, temperature=0,
+        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER, TIME], max_tokens=srv.json_tokens, temperature=0,
         tool_choice="required")
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
@@ -156,7 +158,7 @@ def test_tool_call_round_trip(srv):
     """The SDK's own objects go back as history: assistant tool_calls + a tool result."""
     client = srv.sync()
     first = client.chat.completions.create(
-        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=48, temperature=0,
+        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=srv.json_tokens, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     call = check_weather_call(first.choices[0])
     history = [*ASK_WEATHER, first.choices[0].message.model_dump(exclude_none=True),
@@ -174,14 +176,14 @@ def test_parse_pydantic_function_tool(srv):
     """``openai.pydantic_function_tool`` (a strict tool) and ``.parse()``'s parsed_arguments."""
     r = srv.sync().chat.completions.parse(
         model=srv.model, messages=ASK_CITY, tools=[openai.pydantic_function_tool(City)],
-        tool_choice={"type": "function", "function": {"name": "City"}}, max_tokens=48, temperature=0)
+        tool_choice={"type": "function", "function": {"name": "City"}}, max_tokens=srv.json_tokens, temperature=0)
     call = check_weather_call(r.choices[0], name="City")
     assert isinstance(call.function.parsed_arguments, City)
 
 
 def test_parse_response_format_pydantic(srv):
     r = srv.sync().chat.completions.parse(model=srv.model, messages=ASK_CITY, response_format=City,
-                                          max_tokens=48, temperature=0)
+                                          max_tokens=srv.json_tokens, temperature=0)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop", msg
     assert isinstance(msg.parsed, City)
@@ -194,7 +196,7 @@ def test_response_format_json_schema_raw(srv):
                                                "confidence": {"type": "integer", "minimum": 0, "maximum": 9}},
               "required": ["answer", "confidence"], "additionalProperties": False}
     r = srv.sync().chat.completions.create(
-        model=srv.model, messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=32,
+        model=srv.model, messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=srv.json_tokens,
         temperature=0, response_format={"type": "json_schema",
                                         "json_schema": {"name": "verdict", "strict": True, "schema": schema}})
     assert r.choices[0].finish_reason == "stop"
@@ -205,7 +207,7 @@ def test_response_format_json_schema_raw(srv):
 
 def test_response_format_json_object(srv):
     r = srv.sync().chat.completions.create(
-        model=srv.model, messages=ASK_CITY, max_tokens=48, temperature=0,
+        model=srv.model, messages=ASK_CITY, max_tokens=srv.json_tokens, temperature=0,
         response_format={"type": "json_object"})
     c = r.choices[0]
     if c.finish_reason == "stop":
@@ -217,7 +219,7 @@ def test_response_format_json_object(srv):
 def test_stream_helper_parses_response_format(srv):
     """``client.chat.completions.stream(response_format=Model)``: the SDK's accumulating stream."""
     with srv.sync().chat.completions.stream(model=srv.model, messages=ASK_CITY, response_format=City,
-                                            max_tokens=48, temperature=0) as stream:
+                                            max_tokens=srv.json_tokens, temperature=0) as stream:
         kinds = {event.type for event in stream}
         final = stream.get_final_completion()
     assert "content.delta" in kinds and "content.done" in kinds
@@ -226,7 +228,7 @@ def test_stream_helper_parses_response_format(srv):
 
 def test_stream_tool_call_chunks(srv):
     chunks = list(srv.sync().chat.completions.create(
-        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=48, temperature=0, stream=True,
+        model=srv.model, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=srv.json_tokens, temperature=0, stream=True,
         tool_choice={"type": "function", "function": {"name": "get_weather"}}))
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
@@ -318,9 +320,9 @@ def test_async_all_at_once(srv):
                 client.chat.completions.create(model=srv.model, messages=HI, max_tokens=16, temperature=0),
                 stream(),
                 client.chat.completions.create(model=srv.model, messages=ASK_WEATHER, tools=[WEATHER],
-                                               tool_choice=tool, max_tokens=48, temperature=0),
+                                               tool_choice=tool, max_tokens=srv.json_tokens, temperature=0),
                 client.chat.completions.parse(model=srv.model, messages=ASK_CITY, response_format=City,
-                                              max_tokens=48, temperature=0),
+                                              max_tokens=srv.json_tokens, temperature=0),
                 client.embeddings.create(model=srv.model, input="hello world"))
         finally:
             await client.close()
@@ -340,7 +342,7 @@ def test_async_stream_helper_tool(srv):
             async with client.chat.completions.stream(
                     model=srv.model, messages=ASK_CITY, tools=[openai.pydantic_function_tool(City)],
                     tool_choice={"type": "function", "function": {"name": "City"}},
-                    max_tokens=48, temperature=0) as stream:
+                    max_tokens=srv.json_tokens, temperature=0) as stream:
                 kinds = [event.type async for event in stream]
                 return kinds, await stream.get_final_completion()
         finally:
