@@ -87,6 +87,20 @@ def test_stream_concatenates_with_usage(srv):
     assert total.response_metadata.get("finish_reason") == whole.response_metadata["finish_reason"]
 
 
+def test_async_batch_and_astream(srv):
+    import asyncio
+
+    async def main():
+        model = chat(srv, max_tokens=8)
+        batch = await model.abatch([HI, [HumanMessage("Name a colour.")]])
+        chunks = [c async for c in model.astream(HI)]
+        return batch, chunks
+
+    batch, chunks = asyncio.run(main())
+    assert len(batch) == 2 and all(isinstance(m, AIMessage) and isinstance(m.content, str) for m in batch)
+    assert "".join(c.content for c in chunks) == batch[0].content
+
+
 def test_bind_tools_named_pydantic(srv):
     msg = chat(srv, max_tokens=48).bind_tools([GetWeather, get_time], tool_choice="GetWeather").invoke(ASK_WEATHER)
     assert msg.response_metadata["finish_reason"] == "tool_calls"

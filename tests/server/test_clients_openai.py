@@ -107,6 +107,13 @@ def test_chat_create(srv):
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
 
 
+def test_models_list_and_retrieve(srv):
+    client = srv.sync()
+    assert [m.id for m in client.models.list()] == [srv.model]
+    m = client.models.retrieve(srv.model)
+    assert m.id == srv.model and m.object == "model"
+
+
 def test_stream_include_usage_last_chunk_matches(srv):
     client = srv.sync()
     kw = dict(model=srv.model, messages=HI, max_tokens=16, temperature=0)
@@ -259,6 +266,18 @@ def test_logprobs_greedy(srv):
         assert text == c.message.content
     else:  # the end-of-generation token carries no text
         assert text.startswith(c.message.content)
+
+
+def test_logprobs_stream_equals_whole(srv):
+    kw = dict(model=srv.model, messages=HI, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    client = srv.sync()
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for e in (ch.choices[0].logprobs.content or [])]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in whole]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole], abs=1e-4)
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
 
 
 def test_logprobs_off_by_default(srv):
