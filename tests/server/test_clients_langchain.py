@@ -93,12 +93,14 @@ def test_async_batch_and_astream(srv):
     async def main():
         model = chat(srv, max_tokens=8)
         batch = await model.abatch([HI, [HumanMessage("Name a colour.")]])
+        alone = await model.ainvoke(HI)
         chunks = [c async for c in model.astream(HI)]
-        return batch, chunks
+        return batch, alone, chunks
 
-    batch, chunks = asyncio.run(main())
+    batch, alone, chunks = asyncio.run(main())
     assert len(batch) == 2 and all(isinstance(m, AIMessage) and isinstance(m.content, str) for m in batch)
-    assert "".join(c.content for c in chunks) == batch[0].content
+    assert all(m.usage_metadata["output_tokens"] <= 8 for m in batch)
+    assert "".join(c.content for c in chunks) == alone.content
 
 
 def test_bind_tools_named_pydantic(srv):
