@@ -8,8 +8,9 @@ pass (``Retry-After``) is exact: the missing amount over the refill rate. A fixe
 let twice the limit through within a few seconds across a window boundary; a bucket lets at most
 the limit through at once, then limit/60 a second.
 
-Only generations are limited (chat, completions, infill, and session turns, which are chats):
-the other routes cost no engine time.
+Only what runs on an engine is limited: generations (chat, completions, infill, and session
+turns, which are chats) and embeddings (one request: one lane slot, its inputs' prompt tokens, no
+completion tokens). The other routes cost no engine time.
 
 **Tokens are charged when known.** A generation needs its prompt's tokens in the bucket to be
 admitted (a prompt bigger than the whole budget needs a full bucket, so no request is refused
