@@ -272,8 +272,8 @@ def _engine_serves(runtime, asked: _Asked) -> None:
     """A feature the model's engine lacks is a 400 naming the field that asked for it."""
     caps, name = runtime.engine.capabilities, runtime.name
     if not getattr(caps, "generates", True):
-        raise InvalidRequest(f"model {name!r} generates no text (an embedding model); use /v1/embeddings",
-                             param="model", code="unsupported_value")
+        raise InvalidRequest(f"model {name!r} is embedding-only (embedding-only = true): use /v1/embeddings",
+                             param="model", code="model_not_generative")  # as ModelLoop.submit says it
     needs = ((asked.json is not None, "grammars", "response_format", "constrained (JSON) output"),
              (asked.logprobs is not None, "logprobs", "logprobs", "logprobs"),
              (asked.logit_bias, "logit_bias", "logit_bias", "logit_bias"))
