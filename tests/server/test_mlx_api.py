@@ -291,6 +291,34 @@ def test_server_embeddings_are_the_normalised_mean(tiny_server, tiny):
     assert np.allclose(r.data[0].embedding, mean / np.linalg.norm(mean), atol=1e-4)
 
 
+def test_server_logit_bias_and_n_choices(tiny_server, tiny):
+    """logit_bias through the client bans the greedy token; n=3 gives three choices of one prompt."""
+    model, vocab = tiny
+    client = _client(tiny_server)
+    first = int(np.argmax(_log_softmax(model, _prompt(vocab))[-1]))
+    free = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0)
+    biased = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0,
+                                       logit_bias={str(first): -100})
+    assert free.choices[0].logprobs.tokens[0] == vocab.token_bytes(first).decode("utf-8", "ignore")
+    assert biased.choices[0].logprobs.tokens[0] != free.choices[0].logprobs.tokens[0]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0.9, seed=3, n=3,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 9 and r.usage.prompt_tokens == len(_prompt(vocab))
+
+
+def test_server_tokenize_round_trip(tiny_server, tiny):
+    _, vocab = tiny
+    status, got = tiny_server.call("POST", "/tokenize", {"content": "the water", "with_pieces": True})
+    assert status == 200, got
+    ids = [t["id"] for t in got["tokens"]]
+    assert ids == vocab.tokenize("the water", False, True)
+    status, back = tiny_server.call("POST", "/detokenize", {"tokens": ids})
+    # the tiny vocabulary prefixes words with a space ("▁the"), which its pieces keep, as llama-server's do
+    assert status == 200 and back["content"] == "".join(vocab.token_bytes(t).decode() for t in ids)
+    assert back["content"].lstrip() == "the water"
+
+
 # ---- the constrainer of an mlx-lm directory ----------------------------------------------------
 
 def test_directory_constrainer_masks_as_the_gguf_one(tmp_path, model_path):
