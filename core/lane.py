@@ -53,6 +53,7 @@ class Lane:
     n_reused: int = 0          # prompt tokens taken from the prefix cache instead of prefilled
     preemptions: int = 0
     prompt_logprobs: dict = attrs.field(factory=dict)  # prompt position -> its TokenLogprob (scored prompts)
+    scores_sent: bool = False  # the "scored" event went out
     embedding_sum: object = None  # an embedding lane: the sum of its prompt's hidden states so far
     pooled: int = 0               # how many prompt tokens that sum holds
 
@@ -128,8 +129,9 @@ class Lane:
 
 @attrs.define(frozen=True)
 class LaneEvent:
-    """Sent to a request's sink. ``kind`` is "admitted", "delta", "paused" (preempted), "resumed",
-    "finished" or "error".
+    """Sent to a request's sink. ``kind`` is "admitted", "scored" (a scored prompt's logprobs are
+    all known: sent once, before the lane's first "delta"), "delta", "paused" (preempted),
+    "resumed", "finished" or "error".
 
     "delta" carries released text and the tokens it came from; "finished" carries the finish
     reason ("stop", "length", "cancelled"), the usage counts and, for a scored prompt or an
@@ -140,7 +142,7 @@ class LaneEvent:
     text: str = ""
     token_ids: tuple[int, ...] = ()
     logprobs: tuple = ()          # "delta": a TokenLogprob per token of ``token_ids`` (if asked for)
-    prompt_logprobs: tuple = ()   # "finished": a scored prompt's TokenLogprob per position from 1 on
+    prompt_logprobs: tuple = ()   # "scored", "finished": a scored prompt's TokenLogprob per position from 1 on
     embedding: tuple = ()         # "finished", an embedding lane: its pooled, L2-normalised embedding
     finish_reason: str | None = None
     prompt_tokens: int = 0

@@ -42,6 +42,15 @@ def collect(lane: Lane, lp: LanePlan, res: LaneResult) -> None:
             lane.embedding_sum, lane.pooled = lane.embedding_sum + part, lane.pooled + res.pooled
 
 
+def newly_scored(lane: Lane) -> bool:
+    """Whether a scored prompt has just been computed to its end (its "scored" event is due): a
+    streamed reply that echoes the prompt with its logprobs can start then, before any token."""
+    if lane.request.prompt_logprobs is None or lane.scores_sent or lane.n_cached < lane.n_prompt:
+        return False
+    lane.scores_sent = True
+    return True
+
+
 def prompt_scores(lane: Lane) -> tuple:
     """A scored prompt's logprobs, one per position from 1 to the end, in order."""
     return tuple(lane.prompt_logprobs[p] for p in sorted(lane.prompt_logprobs) if p < lane.n_prompt)

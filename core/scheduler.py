@@ -20,7 +20,7 @@ from .errors import DeadlineExceeded, EngineFailure
 from .kv import KVManager
 from .lane import Lane, LaneEvent, LaneState
 from .pressure import PressureGauge
-from .prompt_work import annotate, collect, embedding, prompt_scores
+from .prompt_work import annotate, collect, embedding, newly_scored, prompt_scores
 from .settings import SchedulerSettings
 from .stats import TickStats, count_by_class, timings
 from .tick import OWN, TickPlan, TickResult
@@ -183,6 +183,8 @@ class Scheduler:
             prefilled += res.n_prefill
             decode_tokens += len(res.tokens)
             collect(lane, lp, res)
+            if newly_scored(lane):
+                self._emit(lane, LaneEvent("scored", lane.id, prompt_logprobs=prompt_scores(lane)))
             if lane.embedded:  # an embedding samples nothing: its prompt computed, it is done
                 self.finish(lane, "stop", LaneState.FINISHED)
                 finished.append(lane)

@@ -89,9 +89,20 @@ class Choice:
         """A stream's first chunks of this choice: the role (chat), the echoed prompt (completion)."""
         if self.shape.kind == "chat":
             return [self.shape.chunk(role=True, index=self.index)]
-        if self.prep.echo:
+        if self.prep.echo and self.streamed_logprobs is None:  # with logprobs it waits for its scores
             return [self.shape.chunk(text=self.prep.echo, index=self.index)]
         return []
+
+    @property
+    def echo_waits_for_scores(self) -> bool:
+        """A streamed completion echoing its prompt with logprobs: the prompt's chunk (and every
+        chunk after it) waits for the "scored" event."""
+        return self.prep.echo is not None and self.streamed_logprobs is not None
+
+    def echo_chunk(self, scores) -> dict:
+        """The echoed prompt with its logprobs (``LaneEvent.prompt_logprobs`` of the scoring lane)."""
+        part = self.streamed_logprobs.prompt(self.prep.request.prompt_tokens, scores)
+        return self.shape.chunk(text=self.prep.echo, index=self.index, logprobs=part)
 
     def whole(self, prompt_scores=()) -> dict:
         """This choice's entry of a reply sent whole; ``prompt_scores``: the scored prompt's

@@ -124,18 +124,30 @@ class OpenAIRoutes:
             for chunk in choice.opening():
                 await resp.write(sse(chunk))
         failed = False
+        # An echoed prompt with logprobs goes first, once the scoring lane has computed it; what
+        # the choices make before then is held back, in order.
+        held: list[dict] | None = [] if choices[0].echo_waits_for_scores else None
         async for i, event in prep.bridge.tagged():
-            if event.kind == "delta":
-                for chunk in choices[i].delta(event):
-                    await resp.write(sse(chunk))
+            chunks: list[dict] = []
+            if event.kind == "scored" and held is not None:
+                chunks = [c.echo_chunk(event.prompt_logprobs) for c in choices] + held
+                held = None
+            elif event.kind == "delta":
+                chunks = choices[i].delta(event)
             elif event.kind == "error":
                 answer.log(request, status_of(event.error), event=event, finish="error")
                 await resp.write(sse(error_body(event.error)))
                 failed = True
                 break
             elif event.kind == "finished":
-                for chunk in choices[i].finish(event):
-                    await resp.write(sse(chunk))
+                chunks = choices[i].finish(event)
+            if held is not None and event.kind != "scored":
+                held.extend(chunks)
+                continue
+            for chunk in chunks:
+                await resp.write(sse(chunk))
+        for chunk in held or ():  # never scored (it cannot happen to a lane that finished): what it made
+            await resp.write(sse(chunk))
         if not failed:
             answer.finished()
             if prep.include_usage:

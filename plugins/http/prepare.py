@@ -210,7 +210,7 @@ class Preparer:
         ctx = runtime.scheduler.settings.context_length
         stream = params.boolean(body, "stream")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        asked = _asked(body, kind, stream, tools)
+        asked = _asked(body, kind, tools)
         _engine_serves(runtime, asked)
         limit = max_tokens(body, kind != "completion", len(tokens), ctx, key.max_tokens if key is not None else 0,
                            echo=asked.echo)
@@ -250,7 +250,7 @@ class _Asked:
     logit_bias: bool = False
 
 
-def _asked(body: dict, kind: str, stream: bool, tools: ToolPlan) -> _Asked:
+def _asked(body: dict, kind: str, tools: ToolPlan) -> _Asked:
     if kind == "infill":
         if body.get("logprobs") not in (None, False, 0):
             raise InvalidRequest("/infill answers no logprobs; use /v1/completions with suffix", param="logprobs",
@@ -258,9 +258,6 @@ def _asked(body: dict, kind: str, stream: bool, tools: ToolPlan) -> _Asked:
         return _Asked(logit_bias=bool(body.get("logit_bias")))
     logprobs = logprob_format.chat_request(body) if kind == "chat" else logprob_format.completion_request(body)
     echo = kind == "completion" and params.boolean(body, "echo")  # (not with suffix: refused before)
-    if echo and logprobs is not None and stream:
-        raise InvalidRequest("echo with logprobs cannot stream: the prompt's logprobs are known only when the "
-                             "generation ends; send stream: false", param="echo", code="unsupported_value")
     json = response_format.constraint(body) if kind == "chat" else None
     if json is not None and tools.choice in ("required", "function"):
         raise InvalidRequest("a forced tool call (tool_choice \"required\" or a function) cannot also follow a "

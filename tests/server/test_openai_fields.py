@@ -126,6 +126,27 @@ def test_completions_echo_scores_the_prompt_with_max_tokens_0(server):
     assert len(lp["tokens"]) == got["usage"]["prompt_tokens"] + got["usage"]["completion_tokens"]
 
 
+def test_a_streamed_echo_with_logprobs_opens_with_the_scored_prompt(server):
+    prompt = "The capital of France is Paris."
+    fields = {"model": "smollm2", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 4,
+              "temperature": 0, "ignore_eos": True}
+    status, whole = post(server, "/v1/completions", body(fields))
+    assert status == 200, whole
+    events = [e for e in sse(server, "/v1/completions", {**fields, "stream": True}) if e != "[DONE]"]
+    chunks = [c for e in events for c in e["choices"]]
+    assert chunks[0]["text"] == prompt  # the echoed prompt comes first, with its scores
+    first = chunks[0]["logprobs"]
+    n_prompt = whole["usage"]["prompt_tokens"]
+    assert len(first["tokens"]) == n_prompt and first["token_logprobs"][0] is None
+    merged = {k: [v for c in chunks if c.get("logprobs") for v in c["logprobs"][k]]
+              for k in ("tokens", "text_offset")}
+    lp = whole["choices"][0]["logprobs"]
+    assert merged["tokens"] == lp["tokens"] and merged["text_offset"] == lp["text_offset"]
+    streamed = [v for c in chunks if c.get("logprobs") for v in c["logprobs"]["token_logprobs"]]
+    assert all((a is None and b is None) or abs(a - b) < 1e-3 for a, b in zip(streamed, lp["token_logprobs"]))
+    assert "".join(c["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
 # ---- n ----------------------------------------------------------------------------------------
 
 def _prefilled(server) -> float:

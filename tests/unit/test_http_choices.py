@@ -87,15 +87,27 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing():
     json.dumps(body)
 
 
-def test_a_streamed_completion_echoes_first_and_carries_offsets_per_chunk():
-    p, shape = prep("completion", stream=True, logprobs=0, echo="Hi"), Shape("completion", "m")
+def test_a_streamed_completion_echoes_its_scored_prompt_first_and_carries_offsets_per_chunk():
+    p, shape = prep("completion", stream=True, logprobs=0, echo="<s>Hi there"), Shape("completion", "m")
     choice = Choice(0, p, shape, TEXT)
-    first = choice.opening()[0]["choices"][0]
-    assert (first["text"], first["logprobs"]) == ("Hi", None)
+    assert choice.opening() == [] and choice.echo_waits_for_scores  # the prompt waits for its scores
+    scores = (TokenLogprob(1, -1.0), TokenLogprob(2, -2.0))
+    first = choice.echo_chunk(scores)["choices"][0]
+    assert first["text"] == "<s>Hi there"
+    assert first["logprobs"] == {"tokens": ["<s>", "Hi", " there"], "token_logprobs": [None, -1.0, -2.0],
+                                 "top_logprobs": [None, {}, {}], "text_offset": [0, 3, 5]}
     a = choice.delta(delta(2))[0]["choices"][0]["logprobs"]
     b = choice.delta(delta(3))[0]["choices"][0]["logprobs"]
-    assert a == {"tokens": [" there"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [0]}
-    assert b["text_offset"] == [6]
+    assert a == {"tokens": [" there"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [11]}
+    assert b["text_offset"] == [17]
+
+
+def test_a_streamed_echo_without_logprobs_opens_with_the_prompt():
+    p, shape = prep("completion", stream=True, echo="Hi"), Shape("completion", "m")
+    choice = Choice(0, p, shape, TEXT)
+    assert not choice.echo_waits_for_scores
+    first = choice.opening()[0]["choices"][0]
+    assert (first["text"], first["logprobs"]) == ("Hi", None)
 
 
 def test_a_forced_call_is_parsed_per_choice():

@@ -171,14 +171,15 @@ def test_logprobs_bias_and_formats_reach_the_sampling_params():
 
 
 def test_a_feature_the_engine_lacks_is_a_400_naming_the_field():
-    cases = [({"messages": ASK, "logprobs": True}, {"logprobs": False}, "logprobs"),
-             ({"messages": ASK, "logit_bias": {"1": 1}}, {"logit_bias": False}, "logit_bias"),
-             ({"messages": ASK, "response_format": {"type": "json_object"}}, {"grammars": False}, "response_format"),
-             ({"messages": ASK}, {"generates": False}, "model")]
-    for body, caps, param in cases:
+    cases = [({"messages": ASK, "logprobs": True}, {"logprobs": False}, "logprobs", "unsupported_value"),
+             ({"messages": ASK, "logit_bias": {"1": 1}}, {"logit_bias": False}, "logit_bias", "unsupported_value"),
+             ({"messages": ASK, "response_format": {"type": "json_object"}}, {"grammars": False}, "response_format",
+              "unsupported_value"),
+             ({"messages": ASK}, {"generates": False}, "model", "model_not_generative")]
+    for body, caps, param, code in cases:
         with pytest.raises(InvalidRequest) as info:
             full(body, **caps)
-        assert (info.value.param, info.value.code) == (param, "unsupported_value")
+        assert (info.value.param, info.value.code) == (param, code)
 
 
 def test_json_formats_and_forced_calls_do_not_mix():
@@ -198,7 +199,6 @@ def test_echo_scores_the_prompt_and_max_tokens_0_only_scores():
     prep = full({"prompt": "a", "echo": True}, kind="completion")
     assert prep.echo == "<1>" and not prep.score_only and prep.request.prompt_logprobs is None
     for body, param in (({"prompt": "a", "max_tokens": 0}, "max_tokens"),
-                        ({"prompt": "a", "echo": True, "logprobs": 1, "stream": True}, "echo"),
                         ({"prompt": "a", "suffix": "b", "echo": True}, "echo")):
         with pytest.raises(InvalidRequest) as info:
             full(body, kind="completion")
