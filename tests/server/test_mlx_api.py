@@ -17,28 +17,14 @@ pytest.importorskip("llguidance", reason="llguidance is not installed")
 
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
-from superfluid.plugins.mlx import loader  # noqa: E402
 from superfluid.plugins.mlx.constraints import VocabConstrainer  # noqa: E402
 from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
-from superfluid.plugins.mlx.vocab import GGUFVocab  # noqa: E402
-
-from ..tinygguf import write_tiny_llama  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = "<|im_start|>user\nTell me about the people of the water<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    return str(write_tiny_llama(tmp_path_factory.mktemp("mlx-api") / "tiny-mlx.gguf", quant="Q8_0",
-                                n_layer=2, n_embd=64, n_ff=128))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_path):
-    vocab = GGUFVocab(tiny_path, "tiny")
-    yield loader.load(tiny_path), vocab
-    vocab.close()
+from .test_mlx import tiny, tiny_path  # noqa: E402,F401  the same tiny model and its loaded weights
 
 
 @pytest.fixture(scope="module")

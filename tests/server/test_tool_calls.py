@@ -265,21 +265,14 @@ def grammar(tools):
 
 def grammar_takes(vocab, sampling, text: str) -> bool:
     """Whether the constraint (llguidance's token masks, as the engines apply them) lets ``text``
-    through, token by token, and then lets the generation end."""
+    through and then lets the generation end."""
     import llama_cpp
 
     from superfluid.plugins.llamacpp.constraints import constrainer
 
-    lane = constrainer(vocab, llama_cpp.llama_vocab_n_tokens(vocab)).for_lane(sampling)
-    assert lane is not None and not lane.matcher.is_error(), "llguidance rejected the constraint"
-    raw = text.encode()
-    buf = (llama_cpp.llama_token * (len(raw) + 8))()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
-    for token in buf[:n]:
-        if not lane.allowed()[token]:
-            return False
-        lane.accept(token)
-    return bool(lane.allowed()[llama_cpp.llama_vocab_eos(vocab)])
+    from ..constraint_walk import takes
+
+    return takes(constrainer(vocab, llama_cpp.llama_vocab_n_tokens(vocab)), vocab, sampling, text)
 
 
 def test_forced_call_grammar_follows_the_schema(vocab):

@@ -8,6 +8,8 @@ import pytest
 from superfluid.core.constrain import UnsupportedConstraint, check, closed
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 
+from ..constraint_walk import takes, tokens_of
+
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("llguidance")
 
@@ -42,19 +44,6 @@ def constrainer(vocab):
     return constrainer(vocab, llama_cpp.llama_vocab_n_tokens(vocab))
 
 
-def walk(constrainer, vocab, params, text: str) -> bool:
-    """Whether the masks let ``text`` through token by token and then allow the end."""
-    lane = constrainer.for_lane(params)
-    raw = text.encode()
-    buf = (llama_cpp.llama_token * (len(raw) + 8))()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
-    for token in buf[:n]:
-        if not lane.allowed()[token]:
-            return False
-        lane.accept(token)
-    return bool(lane.allowed()[constrainer.eos[0]])
-
-
 def test_objects_that_list_properties_are_closed_unless_they_say():
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}},
                                                "c": {"type": "object", "additionalProperties": True,
@@ -82,29 +71,24 @@ def test_a_plain_sampling_has_nothing_to_check():
 
 def test_masks_follow_the_schema_lead_and_tail(constrainer, vocab):
     params = held_to(PERSON, lead="<x>", tail="</x>")
-    assert walk(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7}</x>')
-    assert not walk(constrainer, vocab, params, '<x>{"name": "Bo"}</x>')  # age is required
-    assert not walk(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7, "x": 1}</x>')  # closed
-    assert not walk(constrainer, vocab, params, '{"name": "Bo", "age": 7}')  # no lead
+    assert takes(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7}</x>')
+    assert not takes(constrainer, vocab, params, '<x>{"name": "Bo"}</x>')  # age is required
+    assert not takes(constrainer, vocab, params, '<x>{"name": "Bo", "age": 7, "x": 1}</x>')  # closed
+    assert not takes(constrainer, vocab, params, '{"name": "Bo", "age": 7}')  # no lead
 
 
 def test_a_complete_value_allows_only_the_end(constrainer, vocab):
     lane = constrainer.for_lane(held_to({"type": "integer", "maximum": 9}))
-    raw = b"7"
-    buf = (llama_cpp.llama_token * 8)()
-    n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), False, False)
-    for token in buf[:n]:
+    for token in tokens_of(vocab, "7"):
         lane.accept(token)
     allowed = lane.allowed()
     assert set(allowed.nonzero()[0]) <= set(constrainer.eos) and allowed[constrainer.eos[0]]
 
 
 def test_a_resumed_lane_continues_where_its_tokens_left_it(constrainer, vocab):
-    text = b'{"name": "Al'
-    buf = (llama_cpp.llama_token * 32)()
-    n = llama_cpp.llama_tokenize(vocab, text, len(text), buf, len(buf), False, False)
+    generated = tokens_of(vocab, '{"name": "Al')
     fresh = constrainer.for_lane(held_to(PERSON))
-    for token in buf[:n]:
+    for token in generated:
         fresh.accept(token)
-    resumed = constrainer.for_lane(held_to(PERSON), generated=list(buf[:n]))
+    resumed = constrainer.for_lane(held_to(PERSON), generated=generated)
     assert (fresh.allowed() == resumed.allowed()).all()
