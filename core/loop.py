@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from .constrain import UnsupportedConstraint
 from .constrain import check as check_constraint
-from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, QueueFull, ServiceUnavailable,
-                     SuperfluidError)
+from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, InvalidRequest, QueueFull,
+                     ServiceUnavailable, SuperfluidError)
 from .arrivals import ArrivalWindow
 from .artifacts import SaveOp
 from .lane import Lane
@@ -91,15 +91,23 @@ class ModelLoop:
         return lane
 
     def _check_kind(self, request: Request) -> None:
-        """An embedding for a model whose engine has none, or a generation for an embedding-only
-        model: a 400 naming the model, whatever front end sent it."""
+        """What this model cannot serve, whatever front end sent it, as a 400: an embedding where
+        its engine computes none, a generation from an embedding-only model, a constraint that
+        cannot be enforced (refused, never sampled freely)."""
         caps = self.engine.capabilities
         if request.embed and not getattr(caps, "embeddings", False):
             raise InvalidRequest(f"model {self.name!r} does not serve embeddings (its engine cannot "
-                                  "compute them)", code="embeddings_not_supported", param="model")
+                                 "compute them)", code="embeddings_not_supported", param="model")
         if not request.embed and not getattr(caps, "generates", True):
             raise InvalidRequest(f"model {self.name!r} is embedding-only (embedding-only = true): use "
-                                  "/v1/embeddings", code="model_not_generative", param="model")
+                                 "/v1/embeddings", code="model_not_generative", param="model")
+        if request.sampling.constrained:
+            try:
+                check_constraint(request.sampling)
+            except UnsupportedConstraint as exc:
+                reason = str(exc).splitlines()[0]
+                raise InvalidRequest(f"this JSON schema cannot be enforced: {reason}", code="unsupported_schema",
+                                     param=request.meta.get("constraint_param")) from None
 
     def _check_queue(self, request: Request) -> None:
         """A class whose queue already holds --max-queue requests refuses one more: a 429 the

@@ -164,6 +164,8 @@ _CHAT_ONLY = {
     "store": _nullable(_BOOL),
     "metadata": _nullable({"type": "object"}),
     "reasoning_effort": _nullable(_str()),
+    "safety_identifier": _nullable(_str(description="accepted and ignored")),
+    "prompt_cache_key": _nullable(_str(description="accepted and ignored: prompts are cached by their tokens")),
 }
 _PROMPT = {"anyOf": [
     _str(minLength=1),

@@ -19,7 +19,8 @@ _COMMON = {"model", "max_tokens", "stream", "stream_options", "stop", "n", "user
            "ignore_eos", "logprobs", "cache_prompt"} | _SAMPLING
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
                          "tools", "tool_choice", "parallel_tool_calls", "service_tier", "store",
-                         "metadata", "stream_options", "reasoning_effort"}
+                         "metadata", "stream_options", "reasoning_effort", "safety_identifier",
+                         "prompt_cache_key"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix", "echo", "best_of"}
 INFILL_FIELDS = _COMMON | {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict"}
 FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "infill": INFILL_FIELDS}

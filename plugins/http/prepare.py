@@ -233,7 +233,7 @@ class Preparer:
             ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
             qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
             prompt_logprobs=asked.logprobs if asked.echo else None,
-            arrived=arrived, meta={"chat": kind == "chat", "fim": fim})
+            arrived=arrived, meta=_meta(kind, fim, sampling, tools))
         requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
         echo = _echo_text(runtime, tokens) if asked.echo else None
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
@@ -289,6 +289,15 @@ def _sibling(first: Request, bridge, index: int) -> Request:
         sampling = attrs.evolve(sampling, seed=seed if seed < 1 << 64 else seed - (1 << 64))
     return attrs.evolve(first, id=new_request_id(), sink=bridge.lane(index), sampling=sampling,
                         prompt_logprobs=None, meta={**first.meta, "choice": index})
+
+
+def _meta(kind: str, fim: bool, sampling, tools: ToolPlan) -> dict:
+    """The Request's notes for the scheduler: a chat's prompt is its messages; a constraint the
+    scheduler finds it cannot enforce came from this field."""
+    meta = {"chat": kind == "chat", "fim": fim}
+    if sampling.constrained:
+        meta["constraint_param"] = "tools" if tools.constraint is not None else "response_format"
+    return meta
 
 
 def _echo_text(runtime, tokens: list[int]) -> str:

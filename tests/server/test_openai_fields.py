@@ -206,3 +206,21 @@ def test_logit_bias_can_forbid_the_greedy_first_token(server):
 def test_bad_fields_are_400s_naming_them(server, fields, param):
     status, got = chat(server, **fields)
     assert status == 400 and got["error"]["param"] == param, got
+
+
+def test_a_forced_call_whose_schema_cannot_be_enforced_is_refused(server):
+    tool = {"type": "function", "function": {"name": "pay", "parameters": {
+        "type": "object", "properties": {"card": {"type": "string", "format": "credit-card"}}}}}
+    status, got = post(server, "/v1/chat/completions", body({
+        "model": "smollm2", "messages": [{"role": "user", "content": "pay"}], "tools": [tool],
+        "tool_choice": "required", "max_tokens": 16}))
+    assert status == 400, got
+    err = got["error"]
+    assert (err["code"], err["param"]) == ("unsupported_schema", "tools") and "credit-card" in err["message"]
+
+
+def test_fields_openai_sends_for_caching_and_safety_are_accepted(server):
+    status, got = post(server, "/v1/chat/completions", body({
+        "model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "prompt_cache_key": "team-a", "safety_identifier": "user-1"}))
+    assert status == 200, got

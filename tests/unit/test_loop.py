@@ -266,3 +266,29 @@ def test_hook_failure_does_not_hang_the_model(make):
     assert bad.done.wait(1.0), "the request with a bad class was never answered"
     _, good = submit(loop, [2], 2)
     assert good.done.wait(1.0), "the model stopped serving"
+
+
+def test_what_the_model_cannot_serve_is_refused_on_submit(make):
+    """Fake engine: a constraint llguidance cannot enforce, an embedding from an engine with none,
+    a generation from an embedding-only model: 400s before anything is queued."""
+    pytest.importorskip("llguidance")
+    import attrs
+
+    from superfluid.core.errors import InvalidRequest
+    from superfluid.core.request import JsonChoice, JsonConstraint, Request, SamplingParams
+
+    loop, engine = make()
+    bad = SamplingParams(json_schema=JsonConstraint(choices=(JsonChoice("", {"type": "string", "format": "nope"}),)))
+    cases = [(Request(prompt_tokens=[1, 2], max_tokens=2, sink=lambda e: None, sampling=bad,
+                      meta={"constraint_param": "tools"}), "unsupported_schema", "tools"),
+             (Request(prompt_tokens=[1, 2], max_tokens=1, sink=lambda e: None, embed=True),
+              "embeddings_not_supported", "model")]
+    for req, code, param in cases:
+        with pytest.raises(InvalidRequest) as info:
+            loop.submit(req)
+        assert (info.value.code, info.value.param) == (code, param)
+    engine.capabilities = attrs.evolve(engine.capabilities, generates=False)
+    with pytest.raises(InvalidRequest) as info:
+        loop.submit(Request(prompt_tokens=[1, 2], max_tokens=2, sink=lambda e: None))
+    assert info.value.code == "model_not_generative"
+    assert not loop.scheduler.queue and not loop.scheduler.lanes
