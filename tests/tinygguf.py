@@ -120,8 +120,10 @@ def write_tiny_llama(
     context_length: int = 2048,
     quant: str = "F32",
     seed: int = 0,
+    pooling: int | None = None,
 ) -> Path:
-    """Write the tiny llama GGUF to ``path`` and return it as a Path."""
+    """Write the tiny llama GGUF to ``path`` and return it as a Path; ``pooling`` (llama.cpp's
+    pooling type: 1 mean, 2 cls, 3 last) is written as an embedding model's GGUF declares it."""
     if quant not in _QUANTS:
         raise ValueError(f"quant must be one of {sorted(_QUANTS)}, not {quant!r}")
     if n_embd % n_head or n_head % n_head_kv:
@@ -153,6 +155,8 @@ def write_tiny_llama(
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
+    if pooling is not None:
+        w.add_pooling_type(gguf.PoolingType(pooling))
 
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
