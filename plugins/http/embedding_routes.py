@@ -144,10 +144,7 @@ class EmbeddingRoutes:
     async def embeddings(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
         body = params.check_fields(await params.read_body(request), FIELDS)
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise InvalidRequest("model must be a string", param="model", code="invalid_type")
-        runtime = self.daemon.get(model)
+        runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         if not getattr(runtime.engine.capabilities, "embeddings", False):
             raise InvalidRequest(f"model {runtime.name!r} does not compute embeddings", param="model",

@@ -86,6 +86,14 @@ async def read_body(request) -> dict:
     return body
 
 
+def model_name(body: dict) -> str | None:
+    """The body's ``model`` (None: the server's default model); not a string is a 400."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("model must be a string", param="model", code="invalid_type")
+    return model
+
+
 def text(body: dict, key: str) -> str:
     """An optional string field ("" when absent)."""
     value = body.get(key)

@@ -111,12 +111,6 @@ def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0, ec
     return min(value, ctx - n_prompt)
 
 
-def _model(body: dict) -> str | None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidRequest("model must be a string", param="model", code="invalid_type")
-    return model
-
 
 def _chat_tokens(runtime, text: str) -> list[int]:
     """A rendered chat as tokens: BOS added unless the template wrote it."""
@@ -145,7 +139,7 @@ class Preparer:
 
     def chat_prompt(self, body: dict) -> tuple[object, list[int], ToolPlan]:
         """(runtime, prompt tokens, tool plan) of a chat body: tools and messages validated."""
-        runtime = self.daemon.get(_model(body))
+        runtime = self.daemon.get(params.model_name(body))
         info = runtime.engine.info
         tools = tool_validate.plan(body, grammars=getattr(runtime.engine.capabilities, "grammars", False))
         messages = tool_validate.check_messages(params.chat_messages(body))
@@ -158,7 +152,7 @@ class Preparer:
         return len(self.chat_prompt(body)[1])
 
     def _completion_prompt(self, body: dict) -> tuple[object, list[int]]:
-        runtime = self.daemon.get(_model(body))
+        runtime = self.daemon.get(params.model_name(body))
         engine, info = runtime.engine, runtime.engine.info
         tokens = params.completion_prompt(body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
         bad = [t for t in tokens if not 0 <= t < info.n_vocab]
@@ -168,7 +162,7 @@ class Preparer:
         return runtime, tokens
 
     def _fim_prompt(self, request, body: dict, kind: str) -> tuple[object, list[int]]:
-        runtime = self.fim.runtime(self.daemon, _model(body))
+        runtime = self.fim.runtime(self.daemon, params.model_name(body))
         if kind == "infill":
             prefix, suffix, middle = (params.text(body, "input_prefix"), params.text(body, "input_suffix"),
                                       params.text(body, "prompt"))

@@ -46,10 +46,7 @@ class SessionRoutes:
 
     async def create(self, request: web.Request) -> web.Response:
         body = params.check_fields(await read_body(request), CREATE_FIELDS)
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise InvalidRequest("model must be a string", param="model", code="invalid_type")
-        runtime = self.daemon.get(model)
+        runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         if "qos" in body:
             if not isinstance(body["qos"], str):

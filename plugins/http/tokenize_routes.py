@@ -50,10 +50,7 @@ class TokenizeRoutes:
 
     async def _runtime(self, request: web.Request, fields: set[str]):
         body = params.check_fields(await params.read_body(request), fields)
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise InvalidRequest("model must be a string", param="model", code="invalid_type")
-        runtime = self.daemon.get(model)
+        runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         return body, runtime
 
