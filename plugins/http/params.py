@@ -167,7 +167,6 @@ def boolean(body: dict, key: str, default: bool = False) -> bool:
 
 def sampling(body: dict) -> SamplingParams:
     repeat_key = "repeat_penalty" if body.get("repeat_penalty") is not None else "repetition_penalty"
-    repeat = body.get(repeat_key)
     seed = integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
     return SamplingParams(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
