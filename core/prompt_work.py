@@ -16,7 +16,9 @@ from .tick import LanePlan, LaneResult, TickPlan
 
 def annotate(plan: TickPlan, lanes: list[Lane]) -> None:
     """Give each prompt-scoring or embedding lane's plan what its engine needs for that."""
-    by_slot = {lane.slot: lane for lane in lanes}
+    by_slot = {lane.slot: lane for lane in lanes if lane.request.embed or lane.request.prompt_logprobs is not None}
+    if not by_slot:  # the usual tick: nothing to add
+        return
     for lp in plan.lanes:
         lane = by_slot.get(lp.slot)
         if lane is None or lp.decode:

@@ -148,7 +148,7 @@ class EmbeddingRoutes:
         check_model(request, runtime.name)
         if not getattr(runtime.engine.capabilities, "embeddings", False):
             raise InvalidRequest(f"model {runtime.name!r} does not compute embeddings", param="model",
-                                 code="model_not_supported")
+                                 code="embeddings_not_supported")  # as ModelLoop.submit says it
         params.text(body, "user")  # accepted (a string) and ignored
         fmt = encoding_format(body)
         check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
