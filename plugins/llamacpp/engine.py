@@ -13,7 +13,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
 from . import FLASH_ATTN, worker
-from .vocab import Vocab
+from superfluid.plugins.vocab.gguf import Vocab
 
 log = logging.getLogger("superfluid.llamacpp")
 

@@ -15,7 +15,7 @@ from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
 from . import worker
 from .constants import HIDDEN_STATE_MODELS
-from .vocab import open_vocab
+from superfluid.plugins.vocab import open_vocab
 
 log = logging.getLogger("superfluid.mlx")
 

@@ -43,7 +43,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         import mlx.core as mx
 
         from . import loader
-        from .constraints import VocabConstrainer
+        from superfluid.plugins.vocab.constraints import VocabConstrainer
         from .runner import TickRunner
 
         conn.send(("progress", 0))

@@ -105,7 +105,7 @@ def test_logit_bias_bans_and_forces(worker):
 
 
 def test_json_schema_constraint_holds_greedy_output(worker, model_path):
-    from superfluid.plugins.llamacpp.vocab import Vocab
+    from superfluid.plugins.vocab.gguf import Vocab
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                                "age": {"type": "integer"}},

@@ -25,7 +25,7 @@ from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.mlx import loader  # noqa: E402
 from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
 from superfluid.plugins.mlx.sampling import LaneSampler  # noqa: E402
-from superfluid.plugins.mlx.vocab import GGUFVocab  # noqa: E402
+from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
@@ -360,7 +360,7 @@ def test_model_directory_matches_gguf(tmp_path, model_path):
     import numpy as np
 
     from superfluid.plugins.mlx.convert import convert
-    from superfluid.plugins.mlx.vocab import HFVocab
+    from superfluid.plugins.vocab import HFVocab
 
     out = convert(model_path, str(tmp_path / "smol-mlx"))
     hf, gg = HFVocab(out, "d"), GGUFVocab(model_path, "g")

@@ -17,7 +17,7 @@ pytest.importorskip("llguidance", reason="llguidance is not installed")
 
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
-from superfluid.plugins.mlx.constraints import VocabConstrainer  # noqa: E402
+from superfluid.plugins.vocab.constraints import VocabConstrainer  # noqa: E402
 from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)

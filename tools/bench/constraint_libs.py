@@ -73,7 +73,7 @@ def _version(dist: str) -> str:
 
 
 class LlamaVocab:
-    """A vocab-only llama.cpp load of the model (as plugins/llamacpp/vocab.py does)."""
+    """A vocab-only llama.cpp load of the model (as plugins/vocab/gguf.py does)."""
 
     def __init__(self, path: str):
         import llama_cpp

@@ -20,6 +20,9 @@ want="$(cat pyproject.toml setup.py plugins/llamacpp/_rounds.c | sha256sum | cut
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 'import superfluid.core, llama_cpp' 2>/dev/null; then
     echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes)" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite]"
+    # basert's PyTorch first, pinned: an unpinned torch (or a range admitting a newer release)
+    # pulls a CUDA build of several GB; 2.13.0 is the CPU build this machine's index serves
+    .venv/bin/python -m pip install --quiet "torch==2.13.0"
+    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite,basert]"
     echo "$want" > "$stamp"
 fi

@@ -1,4 +1,8 @@
-"""The tokenizer, loaded in the daemon (weights stay in the worker).
+"""Tokenizers the engine plugins share (a library, not a plugin: it registers no hooks).
+
+The MLX and basert engines read both GGUF files and Hugging Face directories, and the llama.cpp
+engine reads GGUFs; all three tokenize in the daemon with these classes, so one file gives the
+same token ids whichever engine serves it.
 
 For a GGUF the tokenizer is llama.cpp's own, from a vocab-only load of the same file (llama.cpp
 is a core dependency, so this costs nothing extra): the token ids, the chat template and the
@@ -21,20 +25,20 @@ import llama_cpp
 
 from superfluid.core.engine import ModelInfo
 from superfluid.core.errors import ConfigError
-from superfluid.plugins.llamacpp.vocab import Vocab
+from .gguf import Vocab
 
 
 class GGUFVocab(Vocab):
-    """llama.cpp's vocab-only GGUF loader, reused from the llama.cpp plugin rather than moved to a
-    shared module: llama-cpp-python is a core dependency, the loader is llama.cpp's, and reusing
-    it is the smaller change. MLX adds only the end-of-generation set its runner stops on (the
-    llama.cpp runner asks llama.cpp itself) and the hidden size (the width of an embedding)."""
+    """llama.cpp's vocab-only GGUF loader (llama-cpp-python is a core dependency) plus the
+    end-of-generation set a Python runner stops on (the llama.cpp runner asks llama.cpp itself),
+    the hidden size (the width of an embedding) and the architecture."""
 
     def __init__(self, path: str, name: str):
         super().__init__(path, name)
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)}
         arch = self._meta("general.architecture") or ""
         self.info = attrs.evolve(self.info, n_embd=int(self._meta(f"{arch}.embedding_length") or 0))
+        self.arch = arch
         self.model_type = "llama"  # the MLX loader reads llama-family GGUFs only
 
 

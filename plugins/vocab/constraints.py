@@ -1,13 +1,14 @@
-"""The token masks of constrained lanes (``json_schema`` / ``grammar``) for the MLX worker: core's
+"""The token masks of constrained lanes (``json_schema`` / ``grammar``) for an engine that
+samples in Python (MLX in its worker, basert in the daemon): core's
 :class:`~superfluid.core.constrain.Constrainer` over an llguidance tokenizer of the model's own
-vocabulary, built once per worker (about half a second for a 49,152-token vocabulary).
+vocabulary, built once per model (about half a second for a 49,152-token vocabulary).
 
 For a GGUF the tokenizer is llguidance's from llama.cpp's vocab (``llguidance.llamacpp``): the
 token bytes are llama.cpp's pieces, control tokens are marked special (a 0xff prefix) so no
 grammar can spell them, and llguidance tokenizes through llama.cpp itself, so its token
-boundaries are the ones the daemon's tokenizer makes. The vocab-only load it needs is opened in
-the worker (the daemon's cannot cross the process boundary) and stays open while the tokenizer
-lives. For an mlx-lm directory it is llguidance's from the directory's fast Hugging Face
+boundaries are the ones the daemon's tokenizer makes. The vocab-only load it needs is opened where
+the sampling runs (the daemon's cannot cross a process boundary) and stays open while the
+tokenizer lives. For an mlx-lm directory it is llguidance's from the directory's fast Hugging Face
 tokenizer, as mlx-lm loads it."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import warnings
 
 from superfluid.core.constrain import Constrainer
 
-from .vocab import GGUFVocab, HFVocab, open_vocab
+from . import GGUFVocab, HFVocab, open_vocab
 
 
 class VocabConstrainer(Constrainer):
