@@ -212,7 +212,9 @@ class Scheduler:
             preempted=preempted, promoted=promoted, parked_bytes=kv.parked_bytes,
             cache_hits=hits, cache_hit_tokens=hit_tokens, cached_tokens=kv.cache.cached_tokens(),
             evictions=evictions, host_entries=len(kv.host), host_bytes=kv.host.bytes,
-            pressure=self.pressure, pool_rejections=rejections)
+            pressure=self.pressure, pool_rejections=rejections,
+            drafted_tokens=sum(s.drafted for s in result.steps), accepted_tokens=sum(s.accepted for s in result.steps),
+            verify_steps=sum(1 for s in result.steps if s.drafted))
 
     def _commit_tokens(self, lane: Lane, tokens: list[int], eog: bool, logprobs=()) -> bool:
         """Stream a lane's sampled tokens (with their logprobs, if asked for); True if they

@@ -44,6 +44,9 @@ class TickStats:
     host_bytes: int = 0
     pressure: str = "ok"        # the worst level the pressure sources reported
     pool_rejections: int = 0    # plans the KV pool could not hold (freed room and retried)
+    drafted_tokens: int = 0     # speculative decoding: tokens drafted for verification this tick
+    accepted_tokens: int = 0    # of those, the ones the model accepted
+    verify_steps: int = 0       # steps that verified at least one draft
 
 
 def count_by_class(lanes: list[Lane]) -> dict[str, int]:

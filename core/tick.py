@@ -134,6 +134,8 @@ class StepTiming:
     prefill_tokens: int
     decode_tokens: int
     seconds: float
+    drafted: int = 0    # speculative decoding: tokens drafted for decoding lanes to verify in this step
+    accepted: int = 0   # of those, the ones the model agreed with
 
 
 @attrs.define

@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any, BinaryIO, Callable
 
+import numpy as np
+
 from .tick import LanePlan, LaneResult, TickPlan, TickResult
 from .worker_process import stop_requested
 
@@ -63,6 +65,16 @@ class Work:
         got = self.targets[:count]
         del self.targets[:count]
         return got + [None] * (count - len(got))
+
+    def add_pooled(self, hsum, count: int) -> None:
+        """Add the sum of ``count`` fed tokens' final hidden states (a float vector) to an
+        embedding lane's result, in float64 across steps."""
+        r = self.result
+        total = np.asarray(hsum, dtype=np.float64)
+        if r.embedding_sum is not None:
+            total = total + np.asarray(r.embedding_sum)
+        r.embedding_sum = total.tolist()
+        r.pooled += count
 
     def sampled(self, token: int, eog: bool, logprob=None) -> None:
         """Take a token sampled after the lane's feed (``eog``: it ends a generation; ``logprob``:

@@ -60,6 +60,18 @@ class Metrics:
         self.pool_rejections = Counter("superfluid_kv_pool_rejections",
                                        "Plans the shared KV pool could not hold (room freed, planned again)",
                                        ["model"], registry=r)
+        # speculative decoding (basert --speculate): drafts verified, and how many the model kept
+        self.spec_drafted = Counter("superfluid_spec_drafted_tokens", "Tokens drafted by prompt lookup and "
+                                    "verified in a forward pass", ["model"], registry=r)
+        self.spec_accepted = Counter("superfluid_spec_accepted_tokens", "Drafted tokens the model accepted",
+                                     ["model"], registry=r)
+        self.spec_steps = Counter("superfluid_spec_verify_steps", "Engine steps that verified drafts",
+                                  ["model"], registry=r)
+        self.spec_rate = Gauge("superfluid_spec_acceptance_rate", "Accepted / drafted tokens since start",
+                               ["model"], registry=r)
+        self.spec_per_step = Gauge("superfluid_spec_accepted_tokens_per_step", "Accepted drafted tokens per "
+                                   "verifying step since start", ["model"], registry=r)
+        self._spec_totals: dict[str, list[int]] = {}  # model -> [drafted, accepted, steps]
         self.host_bytes = Gauge("superfluid_host_cache_bytes", "Prefixes held in host memory (bytes)",
                                 ["model"], registry=r)
         self.host_entries = Gauge("superfluid_host_cache_entries", "Prefixes held in host memory",
@@ -103,6 +115,18 @@ class Metrics:
             self._values[key] = value
             self._child(gauge, *labels).set(value)
 
+    def _speculated(self, model: str, stats) -> None:
+        totals = self._spec_totals.setdefault(model, [0, 0, 0])
+        totals[0] += stats.drafted_tokens
+        totals[1] += stats.accepted_tokens
+        totals[2] += stats.verify_steps
+        self._child(self.spec_drafted, model).inc(stats.drafted_tokens)
+        self._child(self.spec_accepted, model).inc(stats.accepted_tokens)
+        self._child(self.spec_steps, model).inc(stats.verify_steps)
+        self._set(self.spec_rate, (model,), totals[1] / totals[0])
+        if totals[2]:
+            self._set(self.spec_per_step, (model,), totals[1] / totals[2])
+
     def tick_done(self, model: str, stats) -> None:
         self._child(self.ticks, model).inc()
         self._child(self.tick_seconds, model).observe(stats.seconds)
@@ -136,6 +160,8 @@ class Metrics:
             self._child(self.evictions, model, reason).inc(count)
         if stats.pool_rejections:
             self._child(self.pool_rejections, model).inc(stats.pool_rejections)
+        if stats.drafted_tokens:
+            self._speculated(model, stats)
         self._set(self.host_bytes, (model,), stats.host_bytes)
         self._set(self.host_entries, (model,), stats.host_entries)
         self._set(self.pressure, (model,), {"warning": 1, "critical": 2}.get(stats.pressure, 0))

@@ -349,7 +349,7 @@ class TickRunner(tick_runner.TickRunner):
             _score(w, targets, np.array(rows.astype(mx.float32)))
         for f in pending:
             if f.hsum is not None:
-                _pool(f.work, np.array(f.hsum), f.count)
+                f.work.add_pooled(np.array(f.hsum), f.count)
         got = [(w, int(token.item()), None) for w, token in drawn] + self._sample_on_host(shaped)
         for w, tok, logprob in got:
             sampler = self.samplers.get(w.slot)
@@ -397,12 +397,3 @@ def _score(w: Work, targets: list[int | None], rows: np.ndarray) -> None:
     for i, target in enumerate(targets):
         if target is not None:
             w.result.prompt_logprobs.append(token_logprob(rows[i], target, w.score_top))
-
-
-def _pool(w: Work, hsum: np.ndarray, count: int) -> None:
-    """Add a step's hidden-state sum to an embedding lane's result."""
-    if w.result.embedding_sum is None:
-        w.result.embedding_sum = hsum.astype(np.float64).tolist()
-    else:
-        w.result.embedding_sum = (np.asarray(w.result.embedding_sum) + hsum).tolist()
-    w.result.pooled += count
