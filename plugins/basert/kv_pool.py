@@ -1,0 +1,455 @@
+"""basert's paged KV cache: one pool of fixed-size blocks shared by every lane (slot).
+
+Why paged: lanes grow and shrink by whole blocks instead of each reserving a maximum context, so
+the pool holds as many tokens as the memory allows, whatever their mix of lengths. Blocks are
+reference counted, which buys three things: ``share`` gives a new lane a prefix without copying
+it (a partial last block is copied only when someone writes into it), identical prefixes computed
+twice are deduplicated by a chained hash of their full blocks (as vLLM's prefix caching does), and
+a lane can be parked to host memory (``export``/``save``) and brought back (``load``/``import_``).
+
+Bookkeeping (tables, refcounts, the free list, hashes) is plain Python on the host; only the
+block contents live on the device. The step's attention is ``paged_attention.StepView``; the
+quantized storage is ``kv_quant.QuantBlocks``.
+
+Call order per step: ``reserve(rows)`` (room, copy-on-write), ``begin_step(rows)``, the model's
+forward (``attend`` per layer), then ``note_tokens`` for the rows' token ids (before or after the
+forward, once reserved). A block is hashed, and deduplicated, only once it is full, its tokens
+are noted and the forward has written its KV in every layer, so a dedupe never redirects a block
+the step is still writing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import torch
+from torch import Tensor
+
+from .kv_quant import QuantBlocks
+from .paged_attention import StepView, WritePlan
+
+PARK_FORMAT = "basert-parked-kv/1"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def chain_hash(prev: int | None, tokens: list[int]) -> int:
+    """A full block's hash: its tokens chained on the previous block's hash, so equal hashes mean
+    equal prefixes (and so equal KV), not merely equal blocks. 64 bits of BLAKE2b, stable across
+    processes (unlike ``hash``), so KV events can name blocks."""
+    h = hashlib.blake2b(digest_size=8)
+    if prev is not None:
+        h.update(prev.to_bytes(8, "little"))
+    h.update(array("q", tokens).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+class DenseBlocks:
+    """The pool's storage in the compute dtype: ``data [n_layers, 2 (K, V), n_blocks,
+    block_size, n_kv_heads, head_dim]``. Rows are written in place; reads index the blocks."""
+
+    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape, _ = self.shapes(n_layers, n_kv_heads, head_dim, block_size, n_blocks, dtype)["data"]
+        self.data = torch.zeros(shape, dtype=dtype, device=self.device)
+
+    @staticmethod
+    def shapes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, n_blocks: int,
+               dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"data": ((n_layers, 2, n_blocks, block_size, n_kv_heads, head_dim), dtype)}
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def write(self, layer: int, kv: int, plan: WritePlan, x: Tensor) -> None:
+        dst = self.data[layer, kv]
+        dst.view(-1, *dst.shape[-2:]).index_copy_(0, plan.flat, x.to(self.dtype))
+
+    def read(self, layer: int, kv: int, block_ids: Tensor) -> Tensor:
+        return self.data[layer, kv][block_ids]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.data[:, :, dst] = self.data[:, :, src]
+
+    def export(self, blocks: list[int]) -> dict[str, Tensor]:
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        return {"data": self.data[:, :, idx].cpu()}
+
+    def load(self, blocks: list[int], tensors: dict[str, Tensor]) -> None:
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        self.data[:, :, idx] = tensors["data"].to(self.device)
+
+
+def _stored_shapes(meta: dict, n_blocks: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """What ``n_blocks`` blocks of a pool described by ``meta`` hold, per stored tensor."""
+    dtype = getattr(torch, meta["dtype"])
+    dims = (meta["n_layers"], meta["n_kv_heads"], meta["head_dim"], meta["block_size"], n_blocks,
+            dtype)
+    if meta["bits"] == 0:
+        return DenseBlocks.shapes(*dims)
+    return QuantBlocks.shapes(*dims, meta["bits"])
+
+
+@dataclass
+class ParkedKV:
+    """A slot's KV in host memory, in the pool's stored form (quantized stays quantized): the
+    blocks covering ``length`` positions, the noted tokens and the pool's geometry (``meta``)."""
+
+    length: int
+    tokens: list[int]
+    meta: dict
+    tensors: dict[str, Tensor] = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+@dataclass
+class _Slot:
+    table: list[int] = field(default_factory=list)   # block ids, position p in table[p // bs]
+    length: int = 0                                  # reserved positions
+    computed: int = 0                                # positions whose KV all layers wrote
+    tokens: list[int] = field(default_factory=list)  # noted token ids, <= length of them
+    hashes: list[int] = field(default_factory=list)  # chained hashes of the leading full blocks
+
+
+class PagedKV:
+    """The paged KV pool (see the module docstring). ``bits`` 0 stores ``dtype``; 8 or 4 store
+    quantized codes (``kv_quant``)."""
+
+    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
+                 block_size: int = 16, dtype: torch.dtype, device: torch.device,
+                 bits: int = 0) -> None:
+        if n_blocks < 1 or block_size < 1:
+            raise ValueError("n_blocks and block_size must be positive")
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.n_blocks, self.block_size, self.bits = n_blocks, block_size, bits
+        self.dtype, self.device = dtype, torch.device(device)
+        dims = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                    n_blocks=n_blocks, block_size=block_size, dtype=dtype, device=self.device)
+        if bits == 0:
+            self.store: DenseBlocks | QuantBlocks = DenseBlocks(**dims)
+        else:
+            self.store = QuantBlocks(**dims, bits=bits)
+        self._ref = [0] * n_blocks
+        self._free = list(range(n_blocks - 1, -1, -1))   # pop() hands out low ids first
+        self._slots: dict[int, _Slot] = {}
+        self._by_hash: dict[int, int] = {}               # hash -> live full block holding it
+        self._hash_of: dict[int, int] = {}               # block -> its registered hash
+
+    # ---- sizing and queries -------------------------------------------------------------
+
+    @staticmethod
+    def bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        bits: int, block_size: int = 16) -> float:
+        """Device bytes one token's K and V take in every layer, scales included: what the
+        engine divides free memory by to size the pool."""
+        if bits == 0:
+            return 2 * n_layers * n_kv_heads * head_dim * dtype.itemsize
+        return QuantBlocks.bytes_per_token(n_layers, n_kv_heads, head_dim, bits, block_size)
+
+    @property
+    def meta(self) -> dict:
+        """The geometry a parked copy must match to come back into this pool."""
+        return {"n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads,
+                "head_dim": self.head_dim, "block_size": self.block_size, "bits": self.bits,
+                "dtype": str(self.dtype).removeprefix("torch.")}
+
+    def length(self, slot: int) -> int:
+        s = self._slots.get(slot)
+        return s.length if s else 0
+
+    def tokens(self, slot: int) -> list[int]:
+        s = self._slots.get(slot)
+        return list(s.tokens) if s else []
+
+    def block_hashes(self, slot: int) -> list[int]:
+        s = self._slots.get(slot)
+        return list(s.hashes) if s else []
+
+    def block_table(self, slot: int) -> list[int]:
+        """The slot's physical block ids (for tests and diagnostics)."""
+        s = self._slots.get(slot)
+        return list(s.table) if s else []
+
+    def used_blocks(self) -> int:
+        return self.n_blocks - len(self._free)
+
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    # ---- block lifetime ------------------------------------------------------------------
+
+    def _alloc(self) -> int:
+        b = self._free.pop()
+        self._ref[b] = 1
+        return b
+
+    def _release(self, b: int) -> None:
+        self._ref[b] -= 1
+        if self._ref[b] == 0:
+            h = self._hash_of.pop(b, None)
+            if h is not None and self._by_hash.get(h) == b:
+                del self._by_hash[h]
+            self._free.append(b)
+
+    def _unhash(self, b: int) -> None:
+        """``b`` is about to be written: its content will no longer match its hash."""
+        h = self._hash_of.pop(b, None)
+        if h is not None and self._by_hash.get(h) == b:
+            del self._by_hash[h]
+
+    def _slot(self, slot: int) -> _Slot:
+        s = self._slots.get(slot)
+        if s is None:
+            s = self._slots[slot] = _Slot()
+        return s
+
+    # ---- slot edits --------------------------------------------------------------------------
+
+    def clear(self, slot: int) -> None:
+        self.truncate(slot, 0)
+        self._slots.pop(slot, None)
+
+    def truncate(self, slot: int, pos: int) -> None:
+        if pos < 0:
+            raise ValueError(f"negative position {pos}")
+        s = self._slots.get(slot)
+        if s is None or pos >= s.length:
+            return
+        keep = _ceil_div(pos, self.block_size)
+        for b in s.table[keep:]:
+            self._release(b)
+        del s.table[keep:]
+        s.length = pos
+        s.computed = min(s.computed, pos)
+        del s.tokens[pos:]
+        del s.hashes[pos // self.block_size:]
+
+    def share(self, src: int, dst: int, pos: int) -> None:
+        """``dst`` := ``src``'s first ``min(pos, length)`` positions, blocks by reference; the
+        last one, if partial, is copied by whichever slot writes into it first (``reserve``)."""
+        if src == dst:
+            self.truncate(src, pos)
+            return
+        self.clear(dst)
+        s = self._slots.get(src)
+        if s is None:
+            return
+        n = min(max(pos, 0), s.length)
+        d = self._slot(dst)
+        d.table = s.table[:_ceil_div(n, self.block_size)]
+        for b in d.table:
+            self._ref[b] += 1
+        d.length = n
+        d.computed = min(s.computed, n)
+        d.tokens = s.tokens[:n]
+        d.hashes = s.hashes[:n // self.block_size]
+
+    def reserve(self, rows: list[tuple[int, int, int]]) -> bool:
+        """Cut each row's slot to ``start`` and make room for ``count`` more positions, copying
+        any shared block in the write range. All or nothing: the blocks the cuts free count
+        towards the room; if it is short, nothing changes and the answer is False."""
+        bs = self.block_size
+        seen: set[int] = set()
+        for slot, start, count in rows:
+            if slot in seen:
+                raise ValueError(f"slot {slot} appears twice in one step")
+            seen.add(slot)
+            if start < 0 or count < 0 or start > self.length(slot):
+                raise ValueError(f"row ({slot}, {start}, {count}) does not fit a slot of "
+                                 f"length {self.length(slot)}")
+        # dry run on a refcount overlay: cuts first (they free blocks), then copies and growth
+        delta: dict[int, int] = {}
+        freed = 0
+        for slot, start, _ in rows:
+            s = self._slots.get(slot)
+            for b in (s.table[_ceil_div(start, bs):] if s else []):
+                delta[b] = delta.get(b, 0) - 1
+                if self._ref[b] + delta[b] == 0:
+                    freed += 1
+        need = 0
+        for slot, start, count in rows:
+            s = self._slots.get(slot)
+            keep = _ceil_div(start, bs)
+            end = start + count
+            need += max(0, _ceil_div(end, bs) - keep)
+            if count and s:
+                for bi in range(start // bs, min(keep, _ceil_div(end, bs))):
+                    b = s.table[bi]
+                    if self._ref[b] + delta.get(b, 0) > 1:
+                        need += 1
+                        delta[b] = delta.get(b, 0) - 1
+        if need > len(self._free) + freed:
+            return False
+        for slot, start, _ in rows:
+            self.truncate(slot, start)
+        for slot, start, count in rows:
+            s = self._slot(slot)
+            end = start + count
+            if count:
+                for bi in range(start // bs, min(len(s.table), _ceil_div(end, bs))):
+                    b = s.table[bi]
+                    if self._ref[b] > 1:
+                        nb = self._alloc()
+                        self.store.copy_block(b, nb)
+                        self._release(b)
+                        s.table[bi] = nb
+                    else:
+                        self._unhash(b)
+            while len(s.table) < _ceil_div(end, bs):
+                s.table.append(self._alloc())
+            s.length = end
+        return True
+
+    def begin_step(self, rows: list[tuple[int, int, int]]) -> StepView:
+        """The step's attention view; ``rows`` as passed to ``reserve`` (their order is the
+        order of the flat T the model's tensors use)."""
+        bs = self.block_size
+        tables = []
+        for slot, start, count in rows:
+            s = self._slots.get(slot)
+            if s is None and count == 0:
+                tables.append([])
+                continue
+            if s is None or s.length != start + count:
+                raise ValueError(f"row ({slot}, {start}, {count}) was not reserved")
+            for bi in range(start // bs, _ceil_div(start + count, bs)):
+                if self._ref[s.table[bi]] != 1:
+                    raise ValueError(f"slot {slot} would write shared block {s.table[bi]}; "
+                                     "reserve the row after sharing")
+            tables.append(list(s.table))
+        return StepView(store=self.store, rows=rows, tables=tables, n_layers=self.n_layers,
+                        device=self.device, on_done=lambda: self._step_done(rows))
+
+    def _step_done(self, rows: list[tuple[int, int, int]]) -> None:
+        """The forward wrote the rows' KV in every layer: their full blocks may now be hashed."""
+        for slot, start, count in rows:
+            s = self._slots.get(slot)
+            if s is None or s.computed < start:
+                continue
+            s.computed = max(s.computed, min(start + count, s.length))
+            self._hash_blocks(s)
+
+    def note_tokens(self, slot: int, start: int, tokens: list[int]) -> None:
+        """The token ids at positions ``start..`` of the slot (reserved positions only, with
+        no gap after the ones already noted)."""
+        s = self._slots.get(slot)
+        n_noted = len(s.tokens) if s else 0
+        if start < 0 or start > n_noted or start + len(tokens) > self.length(slot):
+            raise ValueError(f"tokens for [{start}, {start + len(tokens)}) of slot {slot}: "
+                             f"{n_noted} noted, length {self.length(slot)}")
+        if not tokens:
+            return
+        old = s.tokens[start:start + len(tokens)]
+        if old != list(tokens[:len(old)]):
+            del s.hashes[start // self.block_size:]   # changed ids: their hashes are void
+        s.tokens[start:start + len(tokens)] = list(tokens)
+        self._hash_blocks(s)
+
+    def _hash_blocks(self, s: _Slot) -> None:
+        """Hash each newly full, noted and computed block; a hash a live block already holds
+        makes this slot point to that block and frees its own."""
+        bs = self.block_size
+        ready = min(len(s.tokens), s.computed) // bs
+        while len(s.hashes) < ready:
+            i = len(s.hashes)
+            h = chain_hash(s.hashes[-1] if s.hashes else None, s.tokens[i * bs:(i + 1) * bs])
+            b = s.table[i]
+            live = self._by_hash.get(h)
+            if live is None:
+                if b not in self._hash_of:
+                    self._by_hash[h] = b
+                    self._hash_of[b] = h
+            elif live != b:
+                self._ref[live] += 1
+                s.table[i] = live
+                self._release(b)
+            s.hashes.append(h)
+
+    # ---- parking -----------------------------------------------------------------------------
+
+    def export(self, slot: int) -> ParkedKV:
+        s = self._slots.get(slot) or _Slot()
+        blocks = s.table[:_ceil_div(s.length, self.block_size)]
+        return ParkedKV(length=s.length, tokens=list(s.tokens), meta=self.meta,
+                        tensors=self.store.export(blocks))
+
+    def import_(self, slot: int, parked: ParkedKV) -> bool:
+        """Bring a parked slot back into ``slot`` (which must be empty). False, changing
+        nothing, if the geometry differs or the free blocks cannot hold it."""
+        if self.length(slot):
+            raise ValueError(f"slot {slot} is not cleared")
+        n_blk = _ceil_div(parked.length, self.block_size)
+        if parked.meta != self.meta or not _tensors_match(parked, n_blk):
+            return False
+        if n_blk > len(self._free):
+            return False
+        s = self._slot(slot)
+        s.table = [self._alloc() for _ in range(n_blk)]
+        if n_blk:
+            self.store.load(s.table, parked.tensors)
+        s.length = s.computed = parked.length
+        s.tokens = list(parked.tokens)
+        s.hashes = []
+        self._hash_blocks(s)
+        return True
+
+    @staticmethod
+    def save(parked: ParkedKV, f: BinaryIO) -> None:
+        """Write a park artifact: plain tensors, ints and strings (``torch.load`` with
+        ``weights_only`` can read it back without running code)."""
+        torch.save({"format": PARK_FORMAT, "length": parked.length,
+                    "tokens": torch.tensor(parked.tokens, dtype=torch.long),
+                    "meta": dict(parked.meta), "tensors": dict(parked.tensors)}, f)
+
+    @staticmethod
+    def load(f: BinaryIO) -> ParkedKV:
+        """Read a park artifact; anything that is not one, or is inconsistent, is a
+        ValueError."""
+        try:
+            obj = torch.load(f, map_location="cpu", weights_only=True)
+        except OSError:
+            raise
+        except Exception as e:  # a torn or foreign file fails in many ways inside unpickling
+            raise ValueError(f"not a parked KV file: {e}") from e
+        try:
+            if not isinstance(obj, dict) or obj.get("format") != PARK_FORMAT:
+                raise ValueError("missing format tag")
+            length, tokens, meta, tensors = (obj["length"], obj["tokens"], obj["meta"],
+                                             obj["tensors"])
+            if not isinstance(length, int) or length < 0 or not isinstance(tokens, Tensor):
+                raise ValueError("bad length or tokens")
+            if tokens.dim() != 1 or tokens.numel() > length:
+                raise ValueError("more tokens than positions")
+            keys = {"n_layers", "n_kv_heads", "head_dim", "block_size", "bits", "dtype"}
+            if not isinstance(meta, dict) or set(meta) != keys:
+                raise ValueError("bad meta")
+            parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,
+                              tensors=dict(tensors))
+            if not _tensors_match(parked, _ceil_div(length, meta["block_size"])):
+                raise ValueError("tensor shapes do not match the meta")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed parked KV file: {e}") from e
+        return parked
+
+
+def _tensors_match(parked: ParkedKV, n_blocks: int) -> bool:
+    try:
+        want = _stored_shapes(parked.meta, n_blocks)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    got = parked.tensors
+    return set(got) == set(want) and all(
+        isinstance(got[k], Tensor) and tuple(got[k].shape) == shape and got[k].dtype == dt
+        for k, (shape, dt) in want.items())
