@@ -13,9 +13,11 @@ blocks it touches (fp32), puts the new rows in, zeroes the rows past the block's
 (stale rows of a truncated block must not inflate the scale), and requantizes them with scale
 ``max(old scale, absmax / qmax)`` when the block already held rows, ``absmax / qmax`` when it did
 not. While the scale holds, the old rows' codes come back unchanged (``round(c * s / s) == c``),
-so rows only pick up error again when a larger value arrives and the scale grows, and then at
-most half a step of the new scale: the error stays bounded by the block's final scale instead
-of compounding step after step.
+so a row picks up error again only when a larger value arrives and the scale grows (a new
+running maximum: about ln(block_size) times per block on random data), each time at most half a
+step of the new scale. Measured on random rows written one per step: within 1.25 steps of the
+block's final scale, against 0.5 for a block quantized in one go. Keeping an exact copy of each
+partial block instead would remove that, at the price of a full-precision block per lane.
 
 Reads dequantize only the blocks a step reads, into a transient tensor per layer and per K/V
 (freed once that layer's attention is done); there is never a full-precision copy of the cache.
