@@ -1,0 +1,199 @@
+"""The shape of a basert transformer: every number the model, the KV pool and the rooflines need.
+
+One frozen record per model, built from an HF ``config.json`` (``ModelShape.from_hf_config``) or
+from GGUF metadata (``weights.py``), so that the four supported architectures (llama, qwen2, qwen3,
+gemma3) differ only in data, never in code paths chosen by name inside the model. It also lets a
+GPU benchmark build a random-weight model of a real shape (Llama-3.1-8B) from its config alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from superfluid.core.errors import ConfigError
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+# HF ``model_type`` -> basert arch. Gemma 3's text-only checkpoints say "gemma3_text".
+_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+
+
+@attrs.define(frozen=True)
+class RopeScaling:
+    """A context-extension rule applied to the global layers' RoPE frequencies.
+
+    ``kind`` is "linear" (every frequency divided by ``factor``) or "llama3" (low frequencies
+    divided by ``factor``, high ones kept, a smooth blend between, as Llama 3.1 was trained)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@attrs.define(frozen=True)
+class ModelShape:
+    arch: str                 # "llama" | "qwen2" | "qwen3" | "gemma3"
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope_theta: float
+    max_position: int         # training context
+    tie_embeddings: bool
+    windows: tuple[int | None, ...]   # per layer: keys j with i - j < window visible, or None (global)
+    attn_scale: float         # softmax scale
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    # RoPE base of the sliding-window layers when it differs from the global one (gemma3: 10 000).
+    local_rope_theta: float | None = None
+    # Applies to global layers only (gemma3's local layers are never scaled).
+    rope_scaling: RopeScaling | None = None
+    # llama.cpp's per-frequency divisors (a GGUF ``rope_freqs`` tensor), head_dim/2 of them.
+    rope_freq_factors: tuple[float, ...] | None = None
+    qkv_bias: bool = False    # qwen2 (and llama with attention_bias)
+    o_bias: bool = False      # llama with attention_bias
+    qk_norm: bool = False     # qwen3, gemma3: RMSNorm over each head of q and k before RoPE
+    sandwich_norm: bool = False   # gemma3: extra norms after attention and after the MLP
+    norm_plus_one: bool = False   # gemma3: HF norm weights w mean a multiplier of (1 + w)
+    activation: str = "silu"      # "silu" | "gelu_tanh" (the MLP gate)
+    embed_scale: float = 1.0      # gemma3: sqrt(hidden), applied in the model dtype as HF does
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.windows) != self.n_layers:
+            raise ValueError(f"windows has {len(self.windows)} entries for {self.n_layers} layers")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+
+    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
+        """K and V of one token across all layers: what the KV pool sizes its blocks by."""
+        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * bytes_per_value
+
+    def param_count(self) -> int:
+        """Parameters (norms and biases included), counting a tied head once."""
+        h, d = self.hidden_size, self.head_dim
+        q_out, kv_out = self.n_heads * d, self.n_kv_heads * d
+        per_layer = h * q_out + 2 * h * kv_out + q_out * h + 3 * h * self.intermediate_size
+        per_layer += 2 * h + (2 * h if self.sandwich_norm else 0) + (2 * d if self.qk_norm else 0)
+        per_layer += (q_out + 2 * kv_out if self.qkv_bias else 0) + (h if self.o_bias else 0)
+        embed = self.vocab_size * h
+        return embed + (0 if self.tie_embeddings else embed) + self.n_layers * per_layer + h
+
+    def weight_bytes(self, bytes_per_value: float) -> int:
+        """Bytes of all weights at ``bytes_per_value`` each: a decode step reads them all once."""
+        return int(self.param_count() * bytes_per_value)
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any], *, name: str = "config.json") -> "ModelShape":
+        """The shape an HF ``config.json`` describes (transformers 4 and 5 spellings alike)."""
+        model_type = config.get("model_type")
+        arch = _HF_MODEL_TYPES.get(model_type)
+        if arch is None:
+            hint = " (use the text-only checkpoint)" if model_type == "gemma3" else ""
+            raise ConfigError(f"model {name!r}: architecture {model_type!r} is not supported{hint}; "
+                              f"supported: {', '.join(SUPPORTED_ARCHS)}")
+        if config.get("mlp_bias"):
+            raise ConfigError(f"model {name!r}: mlp_bias is not supported")
+        hidden = int(config["hidden_size"])
+        n_heads = int(config["num_attention_heads"])
+        n_layers = int(config["num_hidden_layers"])
+        head_dim = int(config.get("head_dim") or hidden // n_heads)
+        global_rope, local_rope = _hf_rope(config, arch, name)
+        gemma = arch == "gemma3"
+        bias = bool(config.get("attention_bias", False))
+        scale = float(config["query_pre_attn_scalar"]) ** -0.5 if gemma else head_dim ** -0.5
+        return cls(
+            arch=arch,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            head_dim=head_dim,
+            intermediate_size=int(config["intermediate_size"]),
+            rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=global_rope[0],
+            max_position=int(config.get("max_position_embeddings", 4096)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", gemma)),
+            windows=_hf_windows(config, arch, n_layers),
+            attn_scale=scale,
+            attn_softcap=None,  # Gemma 3 configs carry attn_logit_softcapping but neither HF nor llama.cpp applies it
+            final_softcap=_opt_float(config.get("final_logit_softcapping")),
+            local_rope_theta=local_rope if gemma else None,
+            rope_scaling=global_rope[1],
+            qkv_bias=bias or arch == "qwen2",
+            o_bias=bias and arch != "qwen2",
+            qk_norm=arch in ("qwen3", "gemma3"),
+            sandwich_norm=gemma,
+            norm_plus_one=gemma,
+            activation=_activation(config.get("hidden_activation") or config.get("hidden_act") or "silu", name),
+            embed_scale=math.sqrt(hidden) if gemma else 1.0,
+        )
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _activation(act: str, name: str) -> str:
+    if act == "silu":
+        return "silu"
+    if act in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return "gelu_tanh"
+    raise ConfigError(f"model {name!r}: activation {act!r} is not supported (silu, gelu_pytorch_tanh)")
+
+
+def parse_rope_scaling(params: dict[str, Any] | None, name: str) -> RopeScaling | None:
+    """An HF rope dict (``rope_scaling`` or one ``rope_parameters`` entry) as a RopeScaling."""
+    if not params:
+        return None
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(params["factor"]))
+    if kind == "llama3":
+        return RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
+                           float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
+    raise ConfigError(f"model {name!r}: rope scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+def _hf_rope(config: dict[str, Any], arch: str, name: str) -> tuple[tuple[float, RopeScaling | None], float]:
+    """((global theta, global scaling), local theta) from either transformers spelling."""
+    params = config.get("rope_parameters")
+    if arch == "gemma3":
+        if params and "full_attention" in params:
+            full, sliding = params["full_attention"] or {}, params.get("sliding_attention") or {}
+            return ((float(full.get("rope_theta", 1e6)), parse_rope_scaling(full, name)),
+                    float(sliding.get("rope_theta", 1e4)))
+        scaling = config.get("rope_scaling")
+        return ((float(config.get("rope_theta", 1e6)), parse_rope_scaling(scaling, name)),
+                float(config.get("rope_local_base_freq", 1e4)))
+    if params:
+        return (float(params.get("rope_theta", 1e4)), parse_rope_scaling(params, name)), 0.0
+    return (float(config.get("rope_theta", 1e4)), parse_rope_scaling(config.get("rope_scaling"), name)), 0.0
+
+
+def _hf_windows(config: dict[str, Any], arch: str, n_layers: int) -> tuple[int | None, ...]:
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if types is None:
+        if arch == "gemma3":
+            pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+        elif config.get("use_sliding_window") and window:
+            first_sliding = int(config.get("max_window_layers", n_layers))
+            types = ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(n_layers)]
+        else:
+            types = ["full_attention"] * n_layers
+    if arch in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
+        types = ["full_attention"] * n_layers  # the HF models ignore sliding_window unless enabled
+    return tuple(int(window) if t == "sliding_attention" and window else None for t in types)

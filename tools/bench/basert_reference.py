@@ -1,0 +1,182 @@
+"""basert against transformers on the same GGUF: the numbers behind "basert computes the model right".
+
+    python -m tools.bench.basert_reference [--model PATH.gguf] [--steps 64] [--dtype float32]
+
+Both engines load the same file (transformers through its own GGUF conversion, so its
+un-permuting and dequantizing are an independent check of basert's) and run in float32 on the
+CPU. For each prompt the table shows the largest |Δlogit| over every prompt position, the
+largest over the greedy decode steps while both agree, how many of ``--steps`` greedy tokens
+agree, and at the first divergence the reference's logit margin there (top1 - top2): a
+divergence at a margin of 1e-5 is a tie broken by rounding, one at a margin of 1 is a bug.
+
+basert decodes through DenseAttention one token at a time after the prompt; transformers through
+its own KV cache. ``compare`` is also what tests/server/test_basert_reference.py asserts on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import attrs
+import torch
+
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    ",
+    "Water boils at a temperature of",
+    "The three primary colors are",
+    "Translate to French: Good morning, how are you?",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "Q: What is 12 times 7?\nA:",
+    "The quick brown fox",
+    "In 1969, the first humans landed on",
+    "Here is a list of fruits: apple, banana,",
+    "<|im_start|>user\nWrite a haiku about autumn.<|im_end|>\n<|im_start|>assistant\n",
+    "Photosynthesis is the process by which plants",
+    "SELECT name, age FROM users WHERE",
+    "The best way to learn a new language is",
+    "1, 1, 2, 3, 5, 8, 13,",
+)
+
+
+@attrs.define
+class PromptResult:
+    prompt: str
+    n_prompt: int
+    prompt_max_diff: float       # max |Δlogit| over all prompt positions
+    decode_max_diff: float       # max |Δlogit| over greedy steps up to the first divergence
+    agree: int                   # greedy tokens identical before the first divergence
+    steps: int
+    margin: float | None         # reference top1 - top2 at the first divergence, None if none
+    ref_tokens: list[int]
+    basert_tokens: list[int]
+
+
+def transformers_from_gguf(path: str, dtype: torch.dtype = torch.float32) -> Any:
+    """transformers' model of a GGUF, converted by transformers' own GGUF code.
+
+    ``from_pretrained(gguf_file=...)`` insists on accelerate; the conversion underneath
+    (``load_gguf_checkpoint``) does not, so it is called directly into a model built from the
+    GGUF's config. The result is the same model with no extra package."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = os.path.split(os.path.abspath(path))
+    config = AutoConfig.from_pretrained(folder, gguf_file=file)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    parsed = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)
+    result = model.load_state_dict({k: v.to(dtype) for k, v in parsed["tensors"].items()}, strict=False)
+    missing = [k for k in result.missing_keys if k != "lm_head.weight"]
+    if missing:
+        raise RuntimeError(f"transformers left {missing} unloaded from {path}")
+    model.tie_weights()
+    return model.eval()
+
+
+def transformers_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    folder, file = os.path.split(os.path.abspath(path))
+    return AutoTokenizer.from_pretrained(folder, gguf_file=file)
+
+
+def _margin(logits: torch.Tensor) -> float:
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+@torch.no_grad()
+def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, prompt: str = "") -> PromptResult:
+    """One prompt through both: prompt logits, then ``steps`` greedy tokens each on its own."""
+    from transformers import DynamicCache
+
+    from superfluid.plugins.basert.dense_attention import DenseAttention
+
+    n = len(ids)
+    tokens = torch.tensor(ids)
+    cache = DynamicCache(config=ref_model.config)
+    ref_logits = ref_model(tokens[None], past_key_values=cache, use_cache=True).logits[0].float()
+    attn = DenseAttention(model.shape, 1, n + steps + 1, "cpu", model.dtype)
+    attn.begin([(0, 0, n)])
+    logits = model.logits(model(tokens, torch.arange(n), attn))
+    prompt_diff = float((logits - ref_logits).abs().max())
+
+    ref_last, last = ref_logits[-1], logits[-1]
+    ref_out: list[int] = []
+    out: list[int] = []
+    decode_diff, margin = 0.0, None
+    for step in range(steps):
+        decode_diff = max(decode_diff, float((last - ref_last).abs().max()))
+        ref_tok, tok = int(ref_last.argmax()), int(last.argmax())
+        ref_out.append(ref_tok)
+        out.append(tok)
+        if ref_tok != tok:
+            margin = _margin(ref_last)
+            break
+        if step == steps - 1:
+            break
+        pos = n + step
+        ref_last = ref_model(torch.tensor([[ref_tok]]), past_key_values=cache, use_cache=True,
+                             position_ids=torch.tensor([[pos]])).logits[0, -1].float()
+        attn.begin([(0, pos, 1)])
+        last = model.logits(model(torch.tensor([tok]), torch.tensor([pos]), attn))[0]
+    agree = len(out) if margin is None else len(out) - 1
+    return PromptResult(prompt, n, prompt_diff, decode_diff, agree, steps, margin, ref_out, out)
+
+
+def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
+            dtype: torch.dtype = torch.float32) -> list[PromptResult]:
+    """basert and transformers on ``path`` (a GGUF), every prompt, in ``dtype`` on the CPU."""
+    from superfluid.plugins.basert import model as basert
+
+    tokenizer = transformers_tokenizer(path)
+    ref_model = transformers_from_gguf(path, dtype)
+    model = basert.load(path, name=os.path.basename(path), device=torch.device("cpu"), dtype=dtype)
+    results = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        results.append(compare_prompt(ref_model, model, ids, steps, prompt))
+    return results
+
+
+def table(results: list[PromptResult]) -> str:
+    lines = [f"{'#':>2}  {'tokens':>6}  {'prompt max|Δ|':>13}  {'decode max|Δ|':>13}  {'greedy':>7}  "
+             f"{'margin@div':>10}  prompt"]
+    for i, r in enumerate(results):
+        margin = "-" if r.margin is None else f"{r.margin:.2e}"
+        lines.append(f"{i:>2}  {r.n_prompt:>6}  {r.prompt_max_diff:>13.2e}  {r.decode_max_diff:>13.2e}  "
+                     f"{r.agree:>3}/{r.steps:<3}  {margin:>10}  {r.prompt[:40]!r}")
+    worst = max(r.prompt_max_diff for r in results)
+    full = sum(r.margin is None for r in results)
+    lines.append(f"worst prompt max|Δlogit| {worst:.2e}; greedy identical for {full}/{len(results)} prompts")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a GGUF (default: the default model, SmolLM2-135M-Instruct Q4_1)")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = args.model
+    if path is None:
+        from superfluid.core.default_model import default_model_path
+        path = default_model_path()
+    start = time.monotonic()
+    results = compare(path, steps=args.steps, dtype=getattr(torch, args.dtype))
+    print(f"basert vs transformers, {os.path.basename(path)}, {args.dtype}, CPU, "
+          f"{len(results)} prompts, {args.steps} greedy steps ({time.monotonic() - start:.0f} s)")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
