@@ -125,16 +125,18 @@ class _Slot:
 
 class PagedKV:
     """The paged KV pool (see the module docstring). ``bits`` 0 stores ``dtype``; 8 or 4 store
-    quantized codes (``kv_quant``)."""
+    quantized codes (``kv_quant``). ``max_gather_tokens`` caps the key rows one decode
+    attention call gathers (``StepView``)."""
 
     def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
                  block_size: int = 16, dtype: torch.dtype, device: torch.device,
-                 bits: int = 0) -> None:
+                 bits: int = 0, max_gather_tokens: int = 1 << 16) -> None:
         if n_blocks < 1 or block_size < 1:
             raise ValueError("n_blocks and block_size must be positive")
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.n_blocks, self.block_size, self.bits = n_blocks, block_size, bits
         self.dtype, self.device = dtype, torch.device(device)
+        self.max_gather_tokens = max_gather_tokens
         dims = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim,
                     n_blocks=n_blocks, block_size=block_size, dtype=dtype, device=self.device)
         if bits == 0:
@@ -330,7 +332,8 @@ class PagedKV:
                                      "reserve the row after sharing")
             tables.append(list(s.table))
         return StepView(store=self.store, rows=rows, tables=tables, n_layers=self.n_layers,
-                        device=self.device, on_done=lambda: self._step_done(rows))
+                        device=self.device, on_done=lambda: self._step_done(rows),
+                        max_gather_tokens=self.max_gather_tokens)
 
     def _step_done(self, rows: list[tuple[int, int, int]]) -> None:
         """The forward wrote the rows' KV in every layer: their full blocks may now be hashed."""

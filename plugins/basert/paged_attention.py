@@ -2,8 +2,9 @@
 queries attend over its slot's keys ``[0, start + count)``.
 
 A step mixes decode rows (one token each, often many) with prefill chunks and speculative verify
-rows (several tokens). The decode rows are batched into one attention call, padded to the longest
-slot with a boolean mask, because one call over R rows costs far less than R calls; each
+rows (several tokens). The decode rows are batched into few attention calls, padded to the
+longest row of each with a boolean mask, because one call over R rows costs far less than R
+calls; each
 multi-token row gets its own call with a causal mask offset by its start, because its query
 count and key span differ from every other row's and padding them together would waste more than
 it saves. Everything the layers share (where each token is written, which blocks each row reads,
@@ -54,16 +55,21 @@ class BlockStore(Protocol):
     def read(self, layer: int, kv: int, block_ids: Tensor) -> Tensor: ...
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float,
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
               softcap: float | None) -> Tensor:
     """Masked attention, the one implementation every row shape goes through.
 
     q ``[B, Hq, Tq, D]``, k/v ``[B, Hk, Tk, D]`` with ``Hq`` a multiple of ``Hk`` (GQA: query head
-    h reads kv head ``h // (Hq // Hk)``), mask ``[B, 1, Tq, Tk]`` boolean, True where visible;
-    every query must see at least one key. Returns ``[B, Hq, Tq, D]`` in q's dtype."""
+    h reads kv head ``h // (Hq // Hk)``), mask ``[B, 1, Tq, Tk]`` boolean, True where visible
+    (every query must see at least one key), or None for plain causal with ``Tq == Tk`` (a
+    prompt's first chunk: no mask to build, and kernels skip the masked half). Returns
+    ``[B, Hq, Tq, D]`` in q's dtype."""
     if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if mask is None:
+        n = q.shape[2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k = k.repeat_interleave(rep, dim=1)
@@ -75,12 +81,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float,
     return torch.matmul(torch.softmax(logits, dim=-1), v.float()).to(q.dtype)
 
 
-def visible(qpos: Tensor, n_keys: int, window: int | None) -> Tensor:
-    """``[B, 1, Tq, n_keys]`` mask: key j is visible to the query at position i iff j <= i and,
-    with a window, i - j < window. ``qpos`` is ``[B, Tq]``; keys past a row's end are hidden by
-    the causal test (a row's keys end right after its last query)."""
-    kpos = torch.arange(n_keys, device=qpos.device)
-    diff = qpos[:, :, None] - kpos[None, None, :]
+def visible(qpos: Tensor, kpos: Tensor, window: int | None) -> Tensor:
+    """``[B, 1, Tq, Tk]`` mask from absolute positions, ``qpos [B, Tq]`` and ``kpos [B, Tk]``:
+    key j is visible to query i iff j <= i and, with a window, i - j < window. Gathered padding
+    sits past a row's last query, so the causal test hides it too."""
+    diff = qpos[:, :, None] - kpos[:, None, :]
     mask = diff >= 0
     if window is not None:
         mask &= diff < window
@@ -88,15 +93,16 @@ def visible(qpos: Tensor, n_keys: int, window: int | None) -> Tensor:
 
 
 @dataclass(frozen=True)
-class _Multi:
-    """One multi-token row: its tokens ``[off, off + count)`` in the flat T, its queries'
-    positions ``[1, count]``, the blocks covering its keys and the key count."""
+class _Call:
+    """One attention call of a step, for one window value: the tokens of the flat T it answers
+    (a LongTensor of decode rows, or a slice for one multi-token row), the blocks it gathers
+    ``[R, nb]``, how many gathered keys per row it keeps, and its mask (None: causal from 0)."""
 
-    off: int
-    count: int
-    qpos: Tensor
+    tok: Tensor | slice
     blocks: Tensor
     n_keys: int
+    mask: Tensor | None
+    decode: bool
 
 
 class StepView:
@@ -105,16 +111,23 @@ class StepView:
     ``rows`` are ``(slot, start, count)`` in the order of the flat T; ``offsets[i]`` is row i's
     first token in it and ``positions`` each token's position in its slot (for RoPE). Built by
     ``PagedKV.begin_step`` after ``reserve``; ``tables[i]`` is row i's block table. When the last
-    layer has attended, ``on_done`` tells the pool the rows' KV is complete."""
+    layer has attended, ``on_done`` tells the pool the rows' KV is complete.
+
+    Reads gather whole blocks; with a window only the blocks the window reaches. Decode rows are
+    sorted by how many blocks they read and batched so that one call gathers at most
+    ``max_gather_tokens`` key rows (padding included): the gathered K/V is transient memory, and
+    similar lengths together waste little on padding."""
 
     def __init__(self, *, store: BlockStore, rows: list[tuple[int, int, int]],
                  tables: list[list[int]], n_layers: int, device: torch.device,
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], max_gather_tokens: int = 1 << 16) -> None:
         self.rows = list(rows)
         self.n_layers = n_layers
         self._store = store
+        self._device = device
         self._on_done = on_done
         self._done = False
+        self._budget = max_gather_tokens
         bs = store.block_size
         self.offsets: list[int] = []
         positions: list[int] = []
@@ -123,57 +136,82 @@ class StepView:
         fill: list[int] = []
         prior: list[bool] = []
         local: list[int] = []
-        dec_tok: list[int] = []
-        dec_pos: list[int] = []
-        dec_tables: list[list[int]] = []
-        self._multi: list[_Multi] = []
+        self._dec: list[tuple[int, int, list[int]]] = []        # (offset, start, table)
+        self._mul: list[tuple[int, int, int, list[int]]] = []   # (offset, start, count, table)
         off = 0
         for (slot, start, count), table in zip(self.rows, tables):
             self.offsets.append(off)
             end = start + count
-            for p in range(start, end):
-                blk = table[p // bs]
-                flat.append(blk * bs + p % bs)
-                positions.append(p)
             first_w = len(wblocks)
-            for bi in range(start // bs, (end - 1) // bs + 1 if count else start // bs):
+            for bi in range(start // bs, _ceil_div(end, bs) if count else start // bs):
                 wblocks.append(table[bi])
                 fill.append(min(bs, end - bi * bs))
                 prior.append(bi * bs < start)
             for p in range(start, end):
+                flat.append(table[p // bs] * bs + p % bs)
                 local.append((first_w + p // bs - start // bs) * bs + p % bs)
-            n_blk = -(-end // bs)
+                positions.append(p)
             if count == 1:
-                dec_tok.append(off)
-                dec_pos.append(start)
-                dec_tables.append(table[:n_blk])
+                self._dec.append((off, start, table))
             elif count > 1:
-                self._multi.append(_Multi(
-                    off=off, count=count,
-                    qpos=torch.arange(start, end, device=device)[None],
-                    blocks=torch.tensor(table[:n_blk], dtype=torch.long, device=device),
-                    n_keys=end))
+                self._mul.append((off, start, count, table))
             off += count
         self.n_tokens = off
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        self.positions = as_long(positions)
-        self.plan = WritePlan(flat=as_long(flat), blocks=as_long(wblocks), local=as_long(local),
-                              fill=as_long(fill),
+        self.positions = self._long(positions)
+        self.plan = WritePlan(flat=self._long(flat), blocks=self._long(wblocks),
+                              local=self._long(local), fill=self._long(fill),
                               prior=torch.tensor(prior, dtype=torch.bool, device=device))
-        self._dec_tok = as_long(dec_tok)
-        self._dec_qpos = as_long(dec_pos)[:, None]
-        nb = max((len(t) for t in dec_tables), default=0)
-        # pad with block 0: any block will do, the mask hides it
-        self._dec_blocks = as_long([t + [0] * (nb - len(t)) for t in dec_tables]).view(len(dec_tables), nb)
-        self._masks: dict[tuple[int, int | None], Tensor] = {}
+        self._calls: dict[int | None, list[_Call]] = {}
 
-    def _mask(self, key: int, qpos: Tensor, n_keys: int, window: int | None) -> Tensor:
-        """Masks depend on the window, which varies by layer (sliding vs global): one per
-        (row group, window) per step."""
-        got = self._masks.get((key, window))
-        if got is None:
-            got = self._masks[(key, window)] = visible(qpos, n_keys, window)
-        return got
+    def _long(self, xs: list) -> Tensor:
+        return torch.tensor(xs, dtype=torch.long, device=self._device)
+
+    def _plan(self, window: int | None) -> list[_Call]:
+        """The step's attention calls for one window value, built on the first layer that uses
+        it (sliding and global layers differ) and reused by the others."""
+        got = self._calls.get(window)
+        if got is not None:
+            return got
+        bs = self._store.block_size
+        first = (lambda start: 0) if window is None else (
+            lambda start: max(0, start - window + 1) // bs)
+        calls: list[_Call] = []
+        spans = sorted((start // bs + 1 - first(start), off, start, table)
+                       for off, start, table in self._dec)
+        group: list[tuple[int, int, int, list[int]]] = []
+        for i, span in enumerate(spans):
+            group.append(span)
+            nxt = spans[i + 1] if i + 1 < len(spans) else None
+            if nxt is None or (len(group) + 1) * nxt[0] * bs > self._budget:
+                calls.append(self._decode_call(group, first, window))
+                group = []
+        for off, start, count, table in self._mul:
+            lo, end = first(start), start + count
+            kpos = torch.arange(lo * bs, end, device=self._device)[None]
+            qpos = torch.arange(start, end, device=self._device)[None]
+            plain = start == 0 and window is None
+            calls.append(_Call(tok=slice(off, off + count),
+                               blocks=self._long(table[lo:_ceil_div(end, bs)])[None],
+                               n_keys=end - lo * bs,
+                               mask=None if plain else visible(qpos, kpos, window),
+                               decode=False))
+        self._calls[window] = calls
+        return calls
+
+    def _decode_call(self, group: list[tuple[int, int, int, list[int]]],
+                     first: Callable[[int], int], window: int | None) -> _Call:
+        bs = self._store.block_size
+        nb = group[-1][0]                      # sorted: the last row reads the most blocks
+        blocks, base = [], []
+        for n, _, start, table in group:
+            lo = first(start)
+            # pad with block 0: any block will do, its keys sit past the row's query
+            blocks.append(table[lo:lo + n] + [0] * (nb - n))
+            base.append(lo * bs)
+        kpos = self._long(base)[:, None] + torch.arange(nb * bs, device=self._device)[None]
+        qpos = self._long([start for _, _, start, _ in group])[:, None]
+        return _Call(tok=self._long([off for _, off, _, _ in group]), blocks=self._long(blocks),
+                     n_keys=nb * bs, mask=visible(qpos, kpos, window), decode=True)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, *, window: int | None,
                scale: float, softcap: float | None) -> Tensor:
@@ -188,29 +226,27 @@ class StepView:
             store.write(layer, 0, self.plan, k)
             store.write(layer, 1, self.plan, v)
         out = torch.empty_like(q)
-        bs = store.block_size
-        if self._dec_tok.numel():
-            r, nb = self._dec_blocks.shape
-            keys = store.read(layer, 0, self._dec_blocks)     # [R, nb, bs, Hk, D]
-            vals = store.read(layer, 1, self._dec_blocks)
-            keys = keys.reshape(r, nb * bs, *keys.shape[-2:]).transpose(1, 2)
-            vals = vals.reshape(r, nb * bs, *vals.shape[-2:]).transpose(1, 2)
-            qq = q[self._dec_tok].unsqueeze(2)                 # [R, Hq, 1, D]
-            mask = self._mask(-1, self._dec_qpos, nb * bs, window)
-            o = attention(qq, keys.to(q.dtype), vals.to(q.dtype), mask, scale=scale,
+        for call in self._plan(window):
+            keys = store.read(layer, 0, call.blocks)          # [R, nb, bs, Hk, D]
+            vals = store.read(layer, 1, call.blocks)
+            r = keys.shape[0]
+            keys = keys.reshape(r, -1, *keys.shape[-2:])[:, :call.n_keys].transpose(1, 2)
+            vals = vals.reshape(r, -1, *vals.shape[-2:])[:, :call.n_keys].transpose(1, 2)
+            if call.decode:
+                qq = q[call.tok].unsqueeze(2)                  # [R, Hq, 1, D]
+            else:
+                qq = q[call.tok].transpose(0, 1)[None]         # [1, Hq, count, D]
+            o = attention(qq, keys.to(q.dtype), vals.to(q.dtype), call.mask, scale=scale,
                           softcap=softcap)
-            out[self._dec_tok] = o[:, :, 0]
-        for i, row in enumerate(self._multi):
-            keys = store.read(layer, 0, row.blocks)              # [nb, bs, Hk, D]
-            vals = store.read(layer, 1, row.blocks)
-            keys = keys.reshape(-1, *keys.shape[-2:])[:row.n_keys].transpose(0, 1)[None]
-            vals = vals.reshape(-1, *vals.shape[-2:])[:row.n_keys].transpose(0, 1)[None]
-            qq = q[row.off:row.off + row.count].transpose(0, 1)[None]
-            mask = self._mask(i, row.qpos, row.n_keys, window)
-            o = attention(qq, keys.to(q.dtype), vals.to(q.dtype), mask, scale=scale,
-                          softcap=softcap)
-            out[row.off:row.off + row.count] = o[0].transpose(0, 1)
+            if call.decode:
+                out[call.tok] = o[:, :, 0]
+            else:
+                out[call.tok] = o[0].transpose(0, 1)
         if layer == self.n_layers - 1 and not self._done:
             self._done = True
             self._on_done()
         return out
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

@@ -131,6 +131,46 @@ def test_mixed_steps_match_dense_reference(windows, softcap):
     assert [pool.length(s) for s in range(4)] == [16, 9, 13, 4]
 
 
+def test_decode_rows_split_by_gather_budget():
+    """A small gather budget splits the decode rows into several calls (sorted by span); the
+    outputs stay the dense ones."""
+    gen = torch.Generator().manual_seed(12)
+    pool = PagedKV(n_layers=L, n_kv_heads=HK, head_dim=D, n_blocks=64, block_size=BS,
+                   dtype=torch.float32, device=torch.device("cpu"), max_gather_tokens=24)
+    ref = Dense()
+    for rows in SCHEDULE:
+        outs, refs = run_step(pool, ref, rows, gen, windows=(6, None))
+        assert_close(outs, refs)
+    rows = [(0, 16, 1), (1, 9, 1), (2, 13, 1), (3, 4, 1)]
+    assert pool.reserve(rows)
+    view = pool.begin_step(rows)
+    calls = view._plan(None)
+    # spans of 2, 3, 4, 5 blocks: 2 rows x 3 blocks fit 24 keys, the longer rows go alone
+    assert [c.tok.tolist() for c in calls] == [[3, 1], [2], [0]]
+    assert [tuple(c.blocks.shape) for c in calls] == [(2, 3), (1, 4), (1, 5)]
+    # a window of 6 reaches back only 2 or 3 blocks: three rows of 2 blocks share a call
+    assert [tuple(c.blocks.shape) for c in view._plan(6)] == [(3, 2), (1, 3)]
+
+
+def test_bf16_pool_close_to_fp32_reference():
+    gen = torch.Generator().manual_seed(13)
+    pool, ref = make_pool(dtype=torch.bfloat16), Dense()
+    for rows in SCHEDULE:
+        assert pool.reserve(rows)
+        view = pool.begin_step(rows)
+        for slot, start, _ in rows:
+            ref.truncate(slot, start)
+        t = sum(c for _, _, c in rows)
+        for layer in range(L):
+            q, k, v = (torch.randn(t, h, D, generator=gen).bfloat16().float()
+                       for h in (HQ, HK, HK))
+            out = view.attend(layer, q.bfloat16(), k.bfloat16(), v.bfloat16(), window=3,
+                              scale=SCALE, softcap=None)
+            assert out.dtype == torch.bfloat16
+            want = ref.step(rows, layer, q, k, v, 3, None)
+            torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0)
+
+
 def test_share_copy_on_write_keeps_source():
     gen = torch.Generator().manual_seed(1)
     pool, ref = make_pool(), Dense()
