@@ -389,15 +389,17 @@ class PagedKV:
                         tensors=self.store.export(blocks))
 
     def import_(self, slot: int, parked: ParkedKV) -> bool:
-        """Bring a parked slot back into ``slot`` (which must be empty). False, changing
-        nothing, if the geometry differs or the free blocks cannot hold it."""
-        if self.length(slot):
-            raise ValueError(f"slot {slot} is not cleared")
+        """Bring a parked slot back into ``slot``. The slot is meant to be cleared; if it is
+        not, what it holds is replaced (its blocks count towards the room). False, changing
+        nothing, if the geometry differs or the blocks cannot hold it."""
         n_blk = _ceil_div(parked.length, self.block_size)
         if parked.meta != self.meta or not _tensors_match(parked, n_blk):
             return False
-        if n_blk > len(self._free):
+        held = self._slots.get(slot)
+        freed = sum(1 for b in set(held.table) if self._ref[b] == 1) if held else 0
+        if n_blk > len(self._free) + freed:
             return False
+        self.clear(slot)
         s = self._slot(slot)
         s.table = [self._alloc() for _ in range(n_blk)]
         if n_blk:

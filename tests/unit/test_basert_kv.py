@@ -340,8 +340,11 @@ def test_import_refuses_without_changing_anything():
     assert not make_pool(block_size=8).import_(0, parked)
     assert not pool.import_(1, parked)               # 1 free block < 3
     assert pool.length(1) == 0 and pool.free_blocks() == 1
-    with pytest.raises(ValueError):
-        pool.import_(0, parked)                      # not cleared
+    empty = make_pool(n_blocks=4).export(7)           # a slot never used parks as nothing
+    assert empty.length == 0 and empty.nbytes == 0
+    assert pool.import_(1, empty) and pool.length(1) == 0
+    assert pool.import_(0, parked)                   # over itself: its own blocks make room
+    assert pool.length(0) == 9 and pool.free_blocks() == 1
     bad = ParkedKV(length=parked.length, tokens=[], meta=parked.meta,
                    tensors={"data": parked.tensors["data"][:, :, :2]})
     pool.clear(0)
