@@ -200,15 +200,16 @@ def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Any], arch: str, name: 
     gemma = arch == "gemma3"
     windows: tuple[int | None, ...] = (None,) * n_layers
     scale = head_dim ** -0.5
-    if gemma:
-        window = int(get("attention.sliding_window"))
+    if gemma and meta.get(f"{arch}.attention.sliding_window"):  # no window key: all layers global
+        window = int(meta[f"{arch}.attention.sliding_window"])
         pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
-        if isinstance(pattern, list):
-            windows = tuple(window if bool(p) else None for p in pattern)
-        else:
-            windows = tuple(window if (i + 1) % int(pattern) else None for i in range(n_layers))
-        if n_layers == 62:  # Gemma 3 27B is trained with query_pre_attn_scalar = hidden / heads
-            scale = (hidden / n_heads) ** -0.5
+        if isinstance(pattern, list):  # one flag per layer, true = sliding
+            windows = tuple(window if bool(p) else None for p in pattern[:n_layers])
+        else:  # every pattern-th layer global; 0 = all sliding (llama.cpp's set_swa_pattern)
+            pattern = int(pattern)
+            windows = tuple(window if pattern == 0 or (i + 1) % pattern else None for i in range(n_layers))
+    if gemma and n_layers == 62:  # Gemma 3 27B is trained with query_pre_attn_scalar = hidden / heads
+        scale = (hidden // n_heads) ** -0.5
     final_softcap = meta.get(f"{arch}.final_logit_softcapping")
     return ModelShape(
         arch=arch, vocab_size=vocab, hidden_size=hidden, n_layers=n_layers, n_heads=n_heads,

@@ -257,6 +257,119 @@ def test_tiny_gguf_matches_transformers_reading_it(tmp_path, quant):
         assert diff < TOL, f"{quant} chunks {chunks}: max |Δlogit| {diff:.2e}"
 
 
+def _gguf_cases() -> dict[str, tuple[object, type]]:
+    """Shapes llama.cpp and transformers' GGUF reader both take as they are: transformers reads
+    no head_dim for qwen3 (its default 128) nor query_pre_attn_scalar for gemma3 (256), and
+    llama.cpp fixes gemma3's 5-local:1-global pattern and local RoPE base."""
+    t = transformers
+    common = dict(hidden_size=64, intermediate_size=96, vocab_size=len(tinygguf.build_vocab()[0]),
+                  max_position_embeddings=256, rms_norm_eps=1e-6)
+    return {
+        "llama": (t.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **common),
+                  t.LlamaForCausalLM),
+        "qwen2": (t.Qwen2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **common),
+                  t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                                **common), t.Qwen3ForCausalLM),
+        "gemma3": (t.Gemma3TextConfig(num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1,
+                                      head_dim=256, sliding_window=4, query_pre_attn_scalar=256, **common),
+                   t.Gemma3ForCausalLM),
+    }
+
+
+def _write_converted_gguf(hf, arch: str, path: Path) -> None:
+    """``hf`` as llama.cpp's convert_hf_to_gguf.py writes it (F32): GGUF names and metadata,
+    llama's Q/K rows permuted into llama.cpp's RoPE layout, Gemma's norms with the +1 folded in,
+    no output tensor when tied, tests/tinygguf.py's vocabulary (so llama.cpp can load it)."""
+    from superfluid.plugins.basert import weights
+
+    c = hf.config
+    shape = ModelShape.from_hf_config(c.to_dict())
+    state = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(shape.rope_theta)
+    if arch == "llama":
+        w.add_rope_dimension_count(shape.head_dim)
+    if arch == "gemma3":
+        w.add_sliding_window(c.sliding_window)
+    tokens, scores, types = tinygguf.build_vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for key in basert.expected_shapes(shape):
+        data = state[weights._hf_name(key, shape)]
+        kind = key.split(".")[-2]
+        if arch == "llama" and kind in ("q", "k"):
+            n = shape.n_heads if kind == "q" else shape.n_kv_heads
+            data = data.reshape(n, 2, data.shape[0] // n // 2, *data.shape[1:]).swapaxes(1, 2).reshape(data.shape)
+        if arch == "gemma3" and key.endswith("norm.weight"):
+            data = data + 1.0
+        w.add_tensor(weights._gguf_name(key, shape), np.ascontiguousarray(data, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_converted_gguf_of_each_arch(tmp_path, arch):
+    """A tiny HF model written as GGUF the way llama.cpp converts it: basert reading the GGUF
+    gives the HF model's logits; so does transformers reading it (the writer is right), and so
+    does llama.cpp itself when installed (the conversion rules are right)."""
+    config, cls = _gguf_cases()[arch]
+    torch.manual_seed(11)
+    hf = cls(config).eval()
+    with torch.no_grad():
+        for pname, p in hf.named_parameters():
+            if "norm" in pname:
+                p.add_(torch.randn_like(p) * 0.2)
+            elif pname.endswith("bias"):
+                p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.08)
+    path = tmp_path / f"{arch}.gguf"
+    _write_converted_gguf(hf, arch, path)
+    tokens = torch.randint(3, config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1))
+    want = _reference(hf, tokens)
+
+    model = basert.load(str(path), name=arch, device="cpu", dtype=torch.float32)
+    assert model.shape.windows == hf_windows(hf) and model.shape.tie_embeddings == config.tie_word_embeddings
+    for chunks in ([PROMPT_LEN], [5] + [1] * (PROMPT_LEN - 5)):
+        diff = (_run(model, tokens, chunks) - want).abs().max().item()
+        assert diff < TOL, f"basert on the {arch} GGUF, chunks {chunks}: max |Δlogit| {diff:.2e}"
+    assert (_reference(transformers_from_gguf(str(path)), tokens) - want).abs().max() < TOL
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=32, logits_all=True, verbose=False, n_threads=1,
+                          type_k=0, type_v=0, flash_attn=False)  # F32 KV: no fp16 rounding of K/V
+    llm.eval(tokens.tolist())
+    theirs = torch.tensor(np.array(llm.scores[:PROMPT_LEN]))
+    llm.close()
+    # ggml's CPU GELU reads an fp16 table, worth ~1e-3 on these logits; its SiLU is exact.
+    tol = 5e-3 if arch == "gemma3" else TOL
+    assert (theirs - want).abs().max() < tol
+
+
+def hf_windows(hf) -> tuple[int | None, ...]:
+    types = getattr(hf.config, "layer_types", None) or ["full_attention"] * hf.config.num_hidden_layers
+    window = getattr(hf.config, "sliding_window", None)
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
 class _Writer(gguf.GGUFWriter):
     """GGUFWriter that renames the architecture, drops one tensor or re-types one as raw bytes."""
 

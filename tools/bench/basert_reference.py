@@ -100,7 +100,7 @@ def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, promp
     n = len(ids)
     tokens = torch.tensor(ids)
     cache = DynamicCache(config=ref_model.config)
-    ref_logits = ref_model(tokens[None], past_key_values=cache, use_cache=True).logits[0].float()
+    ref_logits = ref_model(tokens[None], cache=cache, use_cache=True).logits[0].float()
     attn = DenseAttention(model.shape, 1, n + steps + 1, "cpu", model.dtype)
     attn.begin([(0, 0, n)])
     logits = model.logits(model(tokens, torch.arange(n), attn))
@@ -121,7 +121,7 @@ def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, promp
         if step == steps - 1:
             break
         pos = n + step
-        ref_last = ref_model(torch.tensor([[ref_tok]]), past_key_values=cache, use_cache=True,
+        ref_last = ref_model(torch.tensor([[ref_tok]]), cache=cache, use_cache=True,
                              position_ids=torch.tensor([[pos]])).logits[0, -1].float()
         attn.begin([(0, pos, 1)])
         last = model.logits(model(torch.tensor([tok]), torch.tensor([pos]), attn))[0]

@@ -1,0 +1,74 @@
+"""basert on the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers
+reading the same file: fp32 logits within 1e-3 on 16 prompts, and 64 greedy tokens identical
+(basert decoding one token at a time through DenseAttention). A divergence is reported with the
+reference's logit margin at that step, so a rounding tie is told apart from a real error.
+Gemma 3 270M is checked the same way when its GGUF is in the cache (it is never downloaded).
+
+The comparison itself lives in tools/bench/basert_reference.py, which prints it as a table.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from tools.bench.basert_reference import PROMPTS, compare  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LOGIT_TOL = 1e-3
+STEPS = 64
+
+
+def _check(results) -> None:
+    assert len(results) == len(PROMPTS) == 16
+    assert len({tuple(r.ref_tokens) for r in results}) > 1, "every prompt decoded alike: prompts not applied"
+    problems = []
+    for r in results:
+        if r.prompt_max_diff > LOGIT_TOL:
+            problems.append(f"{r.prompt!r}: prompt logits differ by {r.prompt_max_diff:.2e}")
+        if r.margin is not None:
+            problems.append(f"{r.prompt!r}: greedy diverges at step {r.agree} of {r.steps} "
+                            f"(reference margin top1-top2 there {r.margin:.3e}; "
+                            f"max |Δlogit| before it {r.decode_max_diff:.2e})")
+        elif r.decode_max_diff > LOGIT_TOL:
+            problems.append(f"{r.prompt!r}: decode logits differ by {r.decode_max_diff:.2e}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def _threads():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
+def test_default_model_matches_transformers(model_path, _threads):
+    _check(compare(model_path, steps=STEPS))
+
+
+def _gemma3_270m() -> str | None:
+    root = os.environ.get("SUPERFLUID_CACHE") or os.path.join(Path.home(), ".cache", "superfluid")
+    hits = sorted(p for p in glob.glob(os.path.join(root, "**", "*.gguf"), recursive=True)
+                  if "gemma-3-270m" in os.path.basename(p).lower())
+    return hits[0] if hits else None
+
+
+def test_gemma3_270m_matches_transformers(_threads):
+    path = _gemma3_270m()
+    if path is None:
+        pytest.skip("no Gemma 3 270M GGUF under the superfluid cache")
+    _check(compare(path, steps=STEPS))
