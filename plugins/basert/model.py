@@ -136,10 +136,17 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Layer(shape, i) for i in range(shape.n_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_eps, shape.norm_plus_one)
         self.head = None if shape.tie_embeddings else nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        self.register_buffer("inv_freq_global", rope_inv_freq(shape, local=False), persistent=False)
-        self.register_buffer("inv_freq_local", rope_inv_freq(shape, local=True), persistent=False)
+        self.set_buffers(None)
         for p in self.parameters():
             p.requires_grad_(False)
+
+    def set_buffers(self, device: torch.device | str | None) -> None:
+        """(Re)make the derived float32 constants (RoPE tables, Gemma's embedding scale) on ``device``:
+        never loaded from a file, so a model built on the meta device needs them made afresh."""
+        self.register_buffer("inv_freq_global", rope_inv_freq(self.shape, local=False).to(device), persistent=False)
+        self.register_buffer("inv_freq_local", rope_inv_freq(self.shape, local=True).to(device), persistent=False)
+        # HF keeps sqrt(hidden) as a float32 buffer and casts it to the weights' dtype: same here.
+        self.register_buffer("embed_scale", torch.tensor(self.shape.embed_scale, device=device), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -154,7 +161,7 @@ class Transformer(nn.Module):
         """tokens, positions: flat [T]. Returns the final-normed hidden states [T, hidden]."""
         x = self.embed(tokens)
         if self.shape.embed_scale != 1.0:
-            x = x * torch.tensor(self.shape.embed_scale, dtype=x.dtype, device=x.device)
+            x = x * self.embed_scale.to(x.dtype)
         rope_global = self._rope(positions, self.inv_freq_global, x.dtype)
         rope_local = (self._rope(positions, self.inv_freq_local, x.dtype)
                       if self.shape.local_rope_theta else rope_global)
@@ -186,8 +193,7 @@ def build(shape: ModelShape, tensors: dict[str, torch.Tensor], device: torch.dev
         keep_float = shape.norm_plus_one and key.endswith("norm.weight")
         state[key] = value.to(device=device, dtype=torch.float32 if keep_float else dtype)
     model.load_state_dict(state, strict=True, assign=True)
-    model.inv_freq_global = rope_inv_freq(shape, local=False).to(device)
-    model.inv_freq_local = rope_inv_freq(shape, local=True).to(device)
+    model.set_buffers(device)
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
