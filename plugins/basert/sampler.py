@@ -96,8 +96,8 @@ class LaneSampler:
         self.window = _Window(None if params.penalty_last_n < 0 else params.penalty_last_n) if self.penalized else None
         if self.window is not None and history:
             self.window.extend(history)
-        seed = params.seed if params.seed is not None else None
-        self.rng = None if self.greedy else np.random.default_rng(None if seed is None else seed & ((1 << 64) - 1))
+        seed = None if params.seed is None else params.seed & ((1 << 64) - 1)  # None: fresh entropy
+        self.rng = None if self.greedy else np.random.default_rng(seed)
         self.bias = tuple(params.logit_bias)
 
     @property
@@ -134,6 +134,12 @@ class LaneSampler:
     def uniform(self) -> float:
         """This token's one draw."""
         return float(self.rng.random())
+
+    def advance(self, drawn: int) -> None:
+        """Skip the uniforms of ``drawn`` tokens sampled before (one each): a seeded lane that
+        resumes (preempted, worker restart) then draws what it would have drawn."""
+        if self.rng is not None and drawn > 0:
+            self.rng.random(drawn)
 
 
 # --- the shared math -------------------------------------------------------------------------
@@ -404,7 +410,8 @@ def _apply_bias(rows: torch.Tensor, sent: dict[str, torch.Tensor]) -> None:
 
 class _Device:
     """The processed lanes of a call together on the device: everything from the raw rows to
-    the tokens and logprobs without a host round trip; :meth:`results` is the one download."""
+    the tokens and logprobs without a host round trip; :meth:`pending` is what the one download
+    brings back and :meth:`read` unpacks it."""
 
     def __init__(self, logits: torch.Tensor, index: list[int], lanes: list[LaneSampler]):
         vocab = logits.shape[1]
@@ -458,6 +465,23 @@ class _Device:
         vals, ids = _top_exact(rows, self.k)
         return [own, (vals - lse[:, None]).flatten(), ids.to(rows.dtype).flatten()]
 
+    def pending(self) -> list[torch.Tensor]:
+        """What comes back to the host, as float32 (token ids are exact below 2**24)."""
+        return [self.tokens.to(torch.float32), *self.logprobs]
+
+    def read(self, got: np.ndarray) -> list[tuple[int, TokenLogprob | None]]:
+        """The lanes' tokens and logprob entries from the downloaded :meth:`pending`."""
+        n, m, k = len(self.lanes), len(self.want), self.k
+        tokens = got[:n].astype(np.int64)
+        own = got[n:n + m]
+        vals = got[n + m:n + m + m * k].reshape(m, k)
+        ids = got[n + m + m * k:n + m + 2 * m * k].reshape(m, k).astype(np.int64)
+        out: list[tuple[int, TokenLogprob | None]] = [(int(t), None) for t in tokens]
+        for r, j in enumerate(self.want):
+            top = tuple((int(ids[r, c]), float(vals[r, c])) for c in range(min(self.lanes[j].params.logprobs, k)))
+            out[j] = (int(tokens[j]), TokenLogprob(token=int(tokens[j]), logprob=float(own[r]), top=top))
+        return out
+
 
 def _host_row(raw: np.ndarray, lane: LaneSampler) -> tuple[int, TokenLogprob | None]:
     """A row on the host: core's order (raw logprobs, bias, mask), then the shared math."""
@@ -509,8 +533,7 @@ def sample_rows(logits: torch.Tensor, samplers: list[LaneSampler | None]) -> lis
                            .argmax(dim=-1).to(torch.float32))
     batch = _Device(logits, dev, [samplers[i] for i in dev]) if dev else None
     if batch is not None:
-        pending.append(batch.tokens.to(torch.float32))
-        pending.extend(batch.logprobs)
+        pending.extend(batch.pending())
     if host:
         index = torch.tensor(host, device=logits.device)
         rows = logits.index_select(0, index).to("cpu", copy=True).numpy()
@@ -524,21 +547,6 @@ def sample_rows(logits: torch.Tensor, samplers: list[LaneSampler | None]) -> lis
                 out[i] = (int(got[at + j]), None)
             at += len(fast)
         if batch is not None:
-            tokens = got[at:at + len(dev)].astype(np.int64)
-            at += len(dev)
-            entries: dict[int, TokenLogprob] = {}
-            if batch.want:
-                m = len(batch.want)
-                own = got[at:at + m]
-                at += m
-                if batch.k > 0:
-                    vals = got[at:at + m * batch.k].reshape(m, batch.k)
-                    ids = got[at + m * batch.k:at + 2 * m * batch.k].reshape(m, batch.k).astype(np.int64)
-                    at += 2 * m * batch.k
-                for r, j in enumerate(batch.want):
-                    k = samplers[dev[j]].params.logprobs
-                    top = tuple((int(ids[r, c]), float(vals[r, c])) for c in range(min(k, batch.k))) if k > 0 else ()
-                    entries[j] = TokenLogprob(token=int(tokens[j]), logprob=float(own[r]), top=top)
-            for j, i in enumerate(dev):
-                out[i] = (int(tokens[j]), entries.get(j))
+            for i, result in zip(dev, batch.read(got[at:])):
+                out[i] = result
     return out

@@ -139,7 +139,8 @@ def test_a_lone_sampled_row_is_drawn_on_the_host_and_two_on_the_device(paths):
 def test_a_seeded_lane_draws_the_same_tokens_alone_and_batched(params, paths):
     vocab = 20_000
     alone, batched = LaneSampler(params, history=[1, 2, 3]), LaneSampler(params, history=[1, 2, 3])
-    others = [LaneSampler(SamplingParams(temperature=0.8, seed=99)), LaneSampler(SamplingParams(temperature=0, logprobs=3))]
+    others = [LaneSampler(SamplingParams(temperature=0.8, seed=99)),
+              LaneSampler(SamplingParams(temperature=0, logprobs=3))]
     got_alone, got_batched = [], []
     for step in range(50):
         logits = rows(3, vocab, scale=1.0 if step % 2 else 3.0, seed=step)
@@ -167,6 +168,16 @@ def test_the_same_seed_repeats_and_another_seed_differs():
     assert len({one(logits, unseeded) for _ in range(30)}) > 5
 
 
+def test_a_resumed_seeded_lane_continues_its_sequence():
+    logits = rows(1, 3000, scale=1.0)
+    params = SamplingParams(temperature=1.0, seed=42)
+    first = LaneSampler(params)
+    straight = [one(logits, first) for _ in range(10)]
+    resumed = LaneSampler(params)
+    resumed.advance(6)
+    assert [one(logits, resumed) for _ in range(4)] == straight[6:]
+
+
 def test_host_and_device_math_agree_and_follow_llama_cpp_chain():
     """The host's prefix shortcuts against the device's whole sorted rows, and both against a
     float64 reference, over random rows, filters and uniforms."""
@@ -175,7 +186,8 @@ def test_host_and_device_math_agree_and_follow_llama_cpp_chain():
     for trial in range(250):
         vocab = int(rng.choice([300, 3000]))
         row = torch.from_numpy((rng.standard_normal(vocab) * rng.choice([0.5, 2.0, 6.0])).astype(np.float32))[None]
-        params = SamplingParams(temperature=float(rng.choice([0.3, 1.0, 2.0])), top_k=int(rng.choice([0, 0, 5, 300, 1000])),
+        params = SamplingParams(temperature=float(rng.choice([0.3, 1.0, 2.0])),
+                                top_k=int(rng.choice([0, 0, 5, 300, 1000])),
                                 top_p=float(rng.choice([1.0, 1.0, 0.5, 0.9, 0.99])),
                                 min_p=float(rng.choice([0.0, 0.0, 0.01, 0.2])))
         u = float(rng.random()) if trial % 10 else float(1 - rng.random() * 1e-3)  # some draws deep in the tail
@@ -210,7 +222,8 @@ def test_min_p_keeps_only_tokens_near_the_best():
     row[[3, 8, 1, 9]] = np.log([1.0, 0.5, 0.2, 0.09])
     logits = torch.from_numpy(np.stack([row, row]))
     params = SamplingParams(temperature=1.0, min_p=0.1, seed=4)
-    host, device = LaneSampler(params), [LaneSampler(params), LaneSampler(SamplingParams(temperature=1.0, min_p=0.1, seed=5))]
+    host = LaneSampler(params)
+    device = [LaneSampler(params), LaneSampler(attrs.evolve(params, seed=5))]
     seen = [one(logits[0], host) for _ in range(300)]
     for _ in range(150):
         seen += [t for t, _ in sample_rows(logits, device)]
@@ -292,8 +305,8 @@ def test_a_greedy_lane_with_a_repeat_penalty_leaves_the_repeated_token():
     row[10], row[20] = 3.0, 2.5
     lane = LaneSampler(SamplingParams(temperature=0, repeat_penalty=1.5), history=[10])
     assert one(row, lane) == 20
-    assert sample_rows(torch.stack([row, row]), [lane, LaneSampler(SamplingParams(temperature=0, repeat_penalty=1.5))]) \
-        [:1] == [(20, None)]
+    fresh = LaneSampler(SamplingParams(temperature=0, repeat_penalty=1.5))
+    assert [t for t, _ in sample_rows(torch.stack([row, row]), [lane, fresh])] == [20, 10]
 
 
 def test_logit_bias_minus_100_bans_and_other_values_shift():
@@ -345,6 +358,15 @@ def test_logprobs_come_from_the_raw_row_as_core_reads_them(k):
     token, entry = sample_rows(logits[:1], [LaneSampler(params[0], history=[1, 2])])[0]
     assert_matches_core(entry, raw[0], token, k)
     assert torch.equal(logits, torch.from_numpy(raw))  # the caller's logits are left as they were
+
+
+def test_lanes_asking_different_numbers_of_candidates_share_a_batch():
+    logits = rows(3, 4000, seed=12).bfloat16().float()
+    raw = logits.numpy().copy()
+    ks = [0, 3, 7]
+    out = sample_rows(logits, [LaneSampler(SamplingParams(temperature=0.9, logprobs=k, seed=k)) for k in ks])
+    for i, k in enumerate(ks):
+        assert_matches_core(out[i][1], raw[i], out[i][0], k)
 
 
 def test_top_candidates_break_ties_by_lower_id():
