@@ -20,10 +20,12 @@ temperature, then the draw.
 The draw is an inverse-CDF pick: the kept tokens sorted by probability (ties: lower id), one
 uniform from the lane's own ``numpy.random.Generator`` (seeded from ``params.seed``), and the
 first token whose cumulative tempered probability passes it. Both paths run the same function
-(:func:`_choose`) on a sorted prefix of the row: the device sorts whole rows, the host only the
-top few hundred candidates (a full CPU sort of a 150k row costs ~15 ms) and widens the prefix in
-the rare case the pick falls past it, so a seeded lane gives the same tokens alone (host) or
-batched (device), up to float rounding in the last place.
+(:func:`_choose`) on a sorted prefix of the row: the device sorts whole rows; the host (where a
+full sort of a 150k row costs ~15 ms) sorts the best 256 tokens, and where they do not decide
+the draw, the tokens above a cut found from a histogram of the row's mass, and the whole row
+only if even that falls short. So a seeded lane gives the same tokens alone (host) or batched
+(device), up to float rounding in the last place (a uniform within ~1e-7 of a boundary).
+Measured on SmolLM2's real rows (49k tokens, one CPU thread): 0.8-1.5 ms a token on average.
 
 :func:`sample_rows` moves no sampler state but the random generators: the caller calls
 :meth:`LaneSampler.accept` with the tokens it keeps."""
