@@ -90,9 +90,11 @@ def grammar(params: SamplingParams) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _gbnf_as_lark(gbnf: str) -> str:
-    import llguidance
+    # the function, from its module: once that submodule is imported, the package attribute of the
+    # same name is the module, not the function
+    from llguidance.gbnf_to_lark import gbnf_to_lark
 
-    return llguidance.gbnf_to_lark(gbnf)
+    return gbnf_to_lark(gbnf)
 
 
 @functools.lru_cache(maxsize=256)
