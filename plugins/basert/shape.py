@@ -18,7 +18,7 @@ from superfluid.core.errors import ConfigError
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # HF ``model_type`` -> basert arch. Gemma 3's text-only checkpoints say "gemma3_text".
-_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 
 
 @attrs.define(frozen=True)
@@ -95,7 +95,7 @@ class ModelShape:
     def from_hf_config(cls, config: dict[str, Any], *, name: str = "config.json") -> "ModelShape":
         """The shape an HF ``config.json`` describes (transformers 4 and 5 spellings alike)."""
         model_type = config.get("model_type")
-        arch = _HF_MODEL_TYPES.get(model_type)
+        arch = HF_MODEL_TYPES.get(model_type)
         if arch is None:
             hint = " (use the text-only checkpoint)" if model_type == "gemma3" else ""
             raise ConfigError(f"model {name!r}: architecture {model_type!r} is not supported{hint}; "

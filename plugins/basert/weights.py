@@ -4,7 +4,8 @@ Both readers work in two passes: first names, shapes and types are checked again
 ModelShape requires (so a bad file fails in milliseconds, naming the tensor), then the tensors are
 read onto the CPU. Nothing touches the device here; ``model.build`` moves the checked set.
 
-The GGUF traps handled (each checked against transformers loading the same file):
+The GGUF traps handled (tests/unit/test_basert_model.py checks each: basert, transformers and
+llama.cpp reading the same converted file must give the HF model's logits):
 - llama.cpp permutes llama's Q/K rows into its interleaved RoPE layout; undone here so one
   rotate-half RoPE serves every architecture.
 - numpy already reverses ggml's dimension order, so a dequantized weight is [out, in].

@@ -475,3 +475,14 @@ def test_softcap_path_masks_and_groups_like_sdpa():
     scores = torch.tanh((k[5:8, 1] @ q[i, head]) * 0.3 / 0.5) * 0.5
     want = torch.softmax(scores, 0) @ v[5:8, 1]
     assert (got[i, head] - want).abs().max() < 1e-6
+
+
+def test_unreadable_paths(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(ConfigError, match=r"^model 'j': .*junk\.gguf is not a readable GGUF file"):
+        basert.load(str(junk), name="j", device="cpu", dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"^model 'j': .*neither a \.gguf file nor a directory"):
+        basert.load(str(tmp_path / "absent.bin"), name="j", device="cpu", dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"^model 'j': .* has no config\.json"):
+        basert.load(str(tmp_path), name="j", device="cpu", dtype=torch.float32)

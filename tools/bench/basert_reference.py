@@ -1,16 +1,18 @@
 """basert against transformers on the same GGUF: the numbers behind "basert computes the model right".
 
-    python -m tools.bench.basert_reference [--model PATH.gguf] [--steps 64] [--dtype float32]
+    python -m tools.bench.basert_reference [--model PATH.gguf] [--steps 64] [--dtype float32] [--llama-cpp]
 
 Both engines load the same file (transformers through its own GGUF conversion, so its
-un-permuting and dequantizing are an independent check of basert's) and run in float32 on the
-CPU. For each prompt the table shows the largest |Δlogit| over every prompt position, the
+un-permuting and dequantizing are an independent check of basert's) and run in ``--dtype`` on
+the CPU. For each prompt the table shows the largest |Δlogit| over every prompt position, the
 largest over the greedy decode steps while both agree, how many of ``--steps`` greedy tokens
 agree, and at the first divergence the reference's logit margin there (top1 - top2): a
 divergence at a margin of 1e-5 is a tie broken by rounding, one at a margin of 1 is a bug.
 
 basert decodes through DenseAttention one token at a time after the prompt; transformers through
-its own KV cache. ``compare`` is also what tests/server/test_basert_reference.py asserts on.
+its own KV cache. ``--llama-cpp`` adds llama.cpp on the same file (F32 KV cache) for scale: its
+quantized dot products put it further from transformers than basert is. ``compare`` is also
+what tests/server/test_basert_reference.py asserts on.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ class PromptResult:
     agree: int                   # greedy tokens identical before the first divergence
     steps: int
     margin: float | None         # reference top1 - top2 at the first divergence, None if none
-    ref_tokens: list[int]
-    basert_tokens: list[int]
+    ref_tokens: list[int]        # the reference's greedy tokens, all ``steps`` of them
+    basert_tokens: list[int]     # basert's, up to and including its first divergence
+    llama_cpp_prompt_diff: float | None = None
+    llama_cpp_agree: int | None = None
 
 
 def transformers_from_gguf(path: str, dtype: torch.dtype = torch.float32) -> Any:
@@ -91,8 +95,12 @@ def _margin(logits: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, prompt: str = "") -> PromptResult:
-    """One prompt through both: prompt logits, then ``steps`` greedy tokens each on its own."""
+def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, prompt: str = "",
+                   llm: Any = None) -> PromptResult:
+    """One prompt through both: prompt logits, then ``steps`` greedy tokens each on its own.
+
+    The reference always decodes all ``steps``; basert stops at its first divergence. With
+    ``llm`` (a llama_cpp.Llama on the same file) llama.cpp is measured against the reference too."""
     from transformers import DynamicCache
 
     from superfluid.plugins.basert.dense_attention import DenseAttention
@@ -111,49 +119,92 @@ def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, promp
     out: list[int] = []
     decode_diff, margin = 0.0, None
     for step in range(steps):
-        decode_diff = max(decode_diff, float((last - ref_last).abs().max()))
-        ref_tok, tok = int(ref_last.argmax()), int(last.argmax())
+        ref_tok = int(ref_last.argmax())
         ref_out.append(ref_tok)
-        out.append(tok)
-        if ref_tok != tok:
-            margin = _margin(ref_last)
-            break
+        if margin is None:
+            decode_diff = max(decode_diff, float((last - ref_last).abs().max()))
+            tok = int(last.argmax())
+            out.append(tok)
+            if tok != ref_tok:
+                margin = _margin(ref_last)
         if step == steps - 1:
             break
         pos = n + step
         ref_last = ref_model(torch.tensor([[ref_tok]]), cache=cache, use_cache=True,
                              position_ids=torch.tensor([[pos]])).logits[0, -1].float()
-        attn.begin([(0, pos, 1)])
-        last = model.logits(model(torch.tensor([tok]), torch.tensor([pos]), attn))[0]
+        if margin is None:
+            attn.begin([(0, pos, 1)])
+            last = model.logits(model(torch.tensor([tok]), torch.tensor([pos]), attn))[0]
     agree = len(out) if margin is None else len(out) - 1
-    return PromptResult(prompt, n, prompt_diff, decode_diff, agree, steps, margin, ref_out, out)
+    result = PromptResult(prompt, n, prompt_diff, decode_diff, agree, steps, margin, ref_out, out)
+    if llm is not None:
+        result.llama_cpp_prompt_diff, result.llama_cpp_agree = _llama_cpp(llm, ids, ref_logits, ref_out)
+    return result
+
+
+def _llama_cpp(llm: Any, ids: list[int], ref_logits: torch.Tensor, ref_out: list[int]) -> tuple[float, int]:
+    """llama.cpp's prompt logits against the reference's, and how many reference tokens its own
+    greedy decode reproduces before the first difference."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(ids)
+    scores = torch.from_numpy(np.array(llm.scores[:len(ids)], dtype=np.float32))
+    diff = float((scores - ref_logits).abs().max())
+    last, agree = scores[-1], 0
+    for step, ref_tok in enumerate(ref_out):
+        tok = int(last.argmax())
+        if tok != ref_tok:
+            break
+        agree += 1
+        if step < len(ref_out) - 1:
+            llm.eval([tok])
+            last = torch.from_numpy(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32))
+    return diff, agree
 
 
 def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
-            dtype: torch.dtype = torch.float32) -> list[PromptResult]:
-    """basert and transformers on ``path`` (a GGUF), every prompt, in ``dtype`` on the CPU."""
+            dtype: torch.dtype = torch.float32, llama_cpp: bool = False) -> list[PromptResult]:
+    """basert and transformers on ``path`` (a GGUF), every prompt, in ``dtype`` on the CPU;
+    with ``llama_cpp`` also llama.cpp (llama-cpp-python, F32 KV cache) on the same file."""
     from superfluid.plugins.basert import model as basert
 
     tokenizer = transformers_tokenizer(path)
     ref_model = transformers_from_gguf(path, dtype)
     model = basert.load(path, name=os.path.basename(path), device=torch.device("cpu"), dtype=dtype)
+    llm = None
+    if llama_cpp:
+        from llama_cpp import Llama
+        llm = Llama(model_path=path, n_ctx=512, logits_all=True, verbose=False,
+                    n_threads=max(1, torch.get_num_threads()), type_k=0, type_v=0)
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        results.append(compare_prompt(ref_model, model, ids, steps, prompt))
+        results.append(compare_prompt(ref_model, model, ids, steps, prompt, llm))
+    if llm is not None:
+        llm.close()
     return results
 
 
 def table(results: list[PromptResult]) -> str:
+    with_llama = results[0].llama_cpp_agree is not None
+    extra = f"  {'llama.cpp |Δ|':>13}  {'llama.cpp':>9}" if with_llama else ""
     lines = [f"{'#':>2}  {'tokens':>6}  {'prompt max|Δ|':>13}  {'decode max|Δ|':>13}  {'greedy':>7}  "
-             f"{'margin@div':>10}  prompt"]
+             f"{'margin@div':>10}{extra}  prompt"]
     for i, r in enumerate(results):
         margin = "-" if r.margin is None else f"{r.margin:.2e}"
+        extra = (f"  {r.llama_cpp_prompt_diff:>13.2e}  {r.llama_cpp_agree:>4}/{r.steps:<4}"
+                 if with_llama else "")
         lines.append(f"{i:>2}  {r.n_prompt:>6}  {r.prompt_max_diff:>13.2e}  {r.decode_max_diff:>13.2e}  "
-                     f"{r.agree:>3}/{r.steps:<3}  {margin:>10}  {r.prompt[:40]!r}")
+                     f"{r.agree:>3}/{r.steps:<3}  {margin:>10}{extra}  {r.prompt[:40]!r}")
     worst = max(r.prompt_max_diff for r in results)
     full = sum(r.margin is None for r in results)
-    lines.append(f"worst prompt max|Δlogit| {worst:.2e}; greedy identical for {full}/{len(results)} prompts")
+    lines.append(f"basert: worst prompt max|Δlogit| {worst:.2e}; greedy identical for {full}/{len(results)} prompts")
+    if with_llama:
+        worst = max(r.llama_cpp_prompt_diff for r in results)
+        full = sum(r.llama_cpp_agree == r.steps for r in results)
+        lines.append(f"llama.cpp: worst prompt max|Δlogit| {worst:.2e}; greedy identical for "
+                     f"{full}/{len(results)} prompts")
     return "\n".join(lines)
 
 
@@ -163,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also measure llama.cpp (llama-cpp-python) on the same file against transformers")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -171,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         from superfluid.core.default_model import default_model_path
         path = default_model_path()
     start = time.monotonic()
-    results = compare(path, steps=args.steps, dtype=getattr(torch, args.dtype))
+    results = compare(path, steps=args.steps, dtype=getattr(torch, args.dtype), llama_cpp=args.llama_cpp)
     print(f"basert vs transformers, {os.path.basename(path)}, {args.dtype}, CPU, "
           f"{len(results)} prompts, {args.steps} greedy steps ({time.monotonic() - start:.0f} s)")
     print(table(results))
