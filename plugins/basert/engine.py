@@ -1,0 +1,230 @@
+"""The basert engine as the daemon sees it: in-process, so the model's thread runs each tick
+itself (no worker, no pipe; a crash is the daemon's, and there is nothing to restart).
+
+Startup does everything that can fail before any memory is committed: the device and dtype
+exist, the flags are in range, the architecture is one basert implements (read from the file's
+metadata before a single weight is read); then the weights load (validated on the host before
+they move to the device) and the KV pool is sized from the memory left. Any failure frees what
+was loaded, so no model is half-loaded."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from typing import Callable
+
+import psutil
+import torch
+
+from superfluid.core.engine import Engine, EngineCapabilities
+from superfluid.core.errors import ConfigError
+from superfluid.plugins.vocab import HFVocab, open_vocab
+
+from . import model as models
+from .shape import SUPPORTED_ARCHS
+from .kv_pool import PagedKV
+from .runner import PREFILL_STEP, TickRunner
+
+log = logging.getLogger("superfluid.basert")
+
+DEFAULT_MAX_CONTEXT = 8192
+BLOCK_SIZE = 16
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_device(spec: str, name: str) -> torch.device:
+    """The torch device ``--device`` names (auto: CUDA, then MPS, then the CPU); a ConfigError
+    naming it if it is not there."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"model {name!r}: device {spec!r} is not a torch device (cpu, cuda, cuda:N, mps)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"model {name!r}: device {spec!r} is not available: this torch "
+                              f"({torch.__version__}) sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"model {name!r}: device {spec!r} is not available: "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise ConfigError(f"model {name!r}: device {spec!r} is not available (no Apple MPS here)")
+    elif device.type != "cpu":
+        raise ConfigError(f"model {name!r}: device {spec!r} is not supported (cpu, cuda, cuda:N, mps)")
+    return device
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    if (spec or "auto") == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[spec]
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes the KV pool may draw from: the device's free memory (CUDA), else the host's."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
+
+
+def architecture(vocab) -> str:
+    """The model's architecture as the file states it (GGUF ``general.architecture``, HF
+    ``model_type``)."""
+    if isinstance(vocab, HFVocab):
+        return vocab.model_type
+    return getattr(vocab, "arch", "") or ""
+
+
+class BasertEngine(Engine):
+    engine_name = "basert"
+
+    def __init__(self, *, model, config):
+        self.model_config = model
+        self.name = model.name
+        self.path = model.path
+        if not (os.path.isfile(self.path) or os.path.isdir(self.path)):
+            raise ConfigError(f"model {model.name!r}: file not found: {self.path}")
+        if os.path.isdir(self.path) and not os.path.isfile(os.path.join(self.path, "config.json")):
+            raise ConfigError(f"model {model.name!r}: {self.path} is not a Hugging Face model directory "
+                              "(no config.json)")
+        self.device = resolve_device(model.values.get("device", "auto"), model.name)
+        self.dtype = resolve_dtype(model.values.get("dtype", "auto"), self.device)
+        self.speculate = int(model.values.get("speculate", 0) or 0)
+        self.kv_bits = int(model.values.get("kv-bits", 0) or 0)
+        self.kv_memory = float(model.values.get("kv-memory", 0.5) or 0.5)
+        self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
+        self.vocab = open_vocab(self.path, model.name)
+        self.arch = architecture(self.vocab)
+        if self.arch not in SUPPORTED_ARCHS:
+            self.vocab.close()
+            raise ConfigError(f"model {model.name!r}: architecture {self.arch or 'unknown'!r} is not one "
+                              f"basert implements ({', '.join(SUPPORTED_ARCHS)})")
+        self.info = self.vocab.info
+        train = self.info.n_ctx_train or DEFAULT_MAX_CONTEXT
+        requested = model["max-context"]
+        if requested and requested > train:
+            self.vocab.close()
+            raise ConfigError(f"model {model.name!r}: max-context {requested} exceeds the model's "
+                              f"training context {train}")
+        self.max_context = requested or min(train, DEFAULT_MAX_CONTEXT)
+        self.max_lanes = model["max-batch"]
+        self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.capabilities = EngineCapabilities(
+            max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
+            uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
+            aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True, embeddings=True,
+            generates=not model["embedding-only"], prefill_step_tokens=PREFILL_STEP,
+            # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
+            # (uncapped) while every lane is busy
+            tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)
+        self.stop_flag = bytearray(3)  # read between steps (core.worker_process.stop_requested)
+        self.model = None
+        self.pool: PagedKV | None = None
+        self.runner: TickRunner | None = None
+        self.constrainer = None
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+        if progress:
+            progress(f"loading {self.name}: weights on {self.device}")
+        try:
+            self.model = models.load(self.path, name=self.name, device=self.device, dtype=self.dtype)
+            self.pool = self._new_pool(self.model.shape)
+            from superfluid.plugins.vocab.constraints import VocabConstrainer
+
+            self.constrainer = VocabConstrainer(self.path, self.model.shape.vocab_size, self.vocab.eog)
+        except BaseException:
+            self._free()
+            raise
+        self.runner = TickRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
+                                 speculate=self.speculate, constrainer=self.constrainer, max_lanes=self.max_lanes)
+        shape = self.model.shape
+        log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
+                 "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,
+                 shape.n_layers, self.pool.n_blocks, self.pool.block_size,
+                 f"{self.kv_bits}-bit" if self.kv_bits else "full-width",
+                 self.pool.n_blocks * self.pool.block_size * self._bytes_per_token(shape) / 2**20,
+                 f"{self.speculate} tokens" if self.speculate else "off")
+
+    def _bytes_per_token(self, shape) -> float:
+        return PagedKV.bytes_per_token(shape.n_layers, shape.n_kv_heads, shape.head_dim, self.dtype, self.kv_bits)
+
+    def _new_pool(self, shape) -> PagedKV:
+        """A pool for every lane's full context (or ``kv-pool-cells``), as far as ``kv-memory`` of
+        the free memory allows; at least one lane's context, else the model does not start."""
+        per_token = self._bytes_per_token(shape)
+        wanted = self.pool_cells or self.max_lanes * self.max_context
+        fits = int(free_memory(self.device) * self.kv_memory / per_token)
+        cells = min(wanted, fits)
+        if cells < self.max_context:
+            raise ConfigError(f"model {self.name!r}: the KV pool fits {cells} tokens in {self.kv_memory:.0%} of "
+                              f"the free memory on {self.device}, under one lane's context ({self.max_context}); "
+                              "lower max-context, or raise kv-memory or kv-bits")
+        if cells < wanted:
+            log.info("model %s: KV pool holds %d of the %d tokens lanes x context asks for; lanes beyond "
+                     "it queue", self.name, cells, wanted)
+        n_blocks = -(-cells // BLOCK_SIZE)
+        return PagedKV(n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                       n_blocks=n_blocks, block_size=BLOCK_SIZE, dtype=self.dtype, device=self.device,
+                       bits=self.kv_bits)
+
+    def _free(self) -> None:
+        self.runner = None
+        self.pool = None
+        self.model = None
+        if self.constrainer is not None:
+            self.constrainer.close()
+            self.constrainer = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        self._free()
+        self.vocab.close()
+
+    # ---- the daemon's side ------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, add_special, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.vocab.token_bytes(token)
+
+    def run_tick(self, plan):
+        with torch.inference_mode():
+            return self.runner.run(plan)
+
+    def request_stop(self) -> None:
+        self.stop_flag[0] = 1
+
+    def request_yield(self) -> None:
+        self.stop_flag[2] = 1
+
+    def clear_stop(self) -> None:
+        self.stop_flag[0] = 0
+        self.stop_flag[2] = 0
+
+    def describe(self) -> dict:
+        out = {"engine": "basert", "state": "ready" if self.runner else "stopped", "device": str(self.device),
+               "dtype": str(self.dtype).replace("torch.", ""), "kv_bits": self.kv_bits or 16,
+               "speculate": self.speculate}
+        if self.pool is not None:
+            out.update(kv_blocks=self.pool.n_blocks, block_size=self.pool.block_size,
+                       kv_blocks_used=self.pool.used_blocks())
+        if self.runner is not None and self.runner.gate is not None:
+            gate = self.runner.gate
+            out["speculation"] = {"drafted": gate.drafted, "accepted": gate.accepted,
+                                  "acceptance_rate": round(gate.acceptance_rate, 4)}
+        return out

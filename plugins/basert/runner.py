@@ -1,0 +1,307 @@
+"""Runs ticks on a basert model: core's shared tick (:class:`~superfluid.core.tick_runner.TickRunner`)
+over a paged KV pool.
+
+One step is one forward pass over every lane with feed left: each decoding lane's last token
+(with its drafted tokens, when it speculates), then prefill chunks up to the step's token budget,
+all in one flat batch of tokens. The pool (:mod:`.kv_pool`) gives every row its pages and the
+attention reads them back; the head runs only on the rows something needs (the last row of a
+lane that samples, every row of a lane that verifies a draft or scores its prompt). Rows are
+then sampled together (:mod:`.sampler`: argmax on the device; a lone sampled lane on the host,
+two or more on the device) and the tokens cross to the host once per step.
+
+Slots map onto the pool's block tables: a copy from another slot shares its full pages (the
+scheduler's prefix cache costs its blocks once), parking copies a slot's pages to host memory,
+and a step the pool cannot hold raises :class:`~superfluid.core.tick_runner.PoolFull` before
+anything of it is computed."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from superfluid.core import tick_runner
+from superfluid.core.constrain import Constrainer
+from superfluid.core.logits import token_logprob
+from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
+from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
+
+from .kv_pool import PagedKV
+from .sampler import LaneSampler, sample_rows
+from .speculate import Gate, propose, verify_greedy
+
+PREFILL_STEP = 512  # prompt tokens per step at most (the plan's step_tokens may cut it further)
+
+
+class _Row:
+    """One lane's share of a step: ``count`` of its feed, then ``draft`` (tokens proposed for it
+    to verify), starting at ``offset`` in the step's flat batch."""
+
+    __slots__ = ("work", "count", "draft", "offset", "start")
+
+    def __init__(self, work: Work, count: int, draft: list[int] | None = None):
+        self.work = work
+        self.count = count
+        self.draft = draft or []
+        self.offset = 0
+        self.start = work.pos
+
+    @property
+    def width(self) -> int:
+        return self.count + len(self.draft)
+
+    @property
+    def samples(self) -> bool:
+        """The feed completes in this row and the lane samples after it."""
+        w = self.work
+        return w.sample and self.count == len(w.feed)
+
+    def logit_rows(self) -> range:
+        """The positions of this row (relative to ``offset``) whose logits the step needs."""
+        w = self.work
+        if self.draft:
+            return range(self.width)
+        if w.targets:
+            return range(self.count)
+        if self.samples:
+            return range(self.count - 1, self.count)
+        return range(0)
+
+
+class TickRunner(tick_runner.TickRunner):
+    """basert's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
+
+    def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag, *, device: torch.device,
+                 speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
+                 max_lanes: int = 8):
+        super().__init__(stop_flag, pool.n_blocks * pool.block_size)
+        self.model = model
+        self.pool = pool
+        self.eog = eog
+        self.device = device
+        self.constrainer = constrainer
+        self.step_tokens = step_tokens
+        self.gate = Gate(speculate) if speculate else None
+        self.samplers: dict[int, LaneSampler]
+        self.parked: dict[str, object]
+
+    # ---- slots ------------------------------------------------------------------------------
+
+    def clear_kv(self, slot: int) -> None:
+        self.pool.clear(slot)
+        if self.gate:
+            self.gate.forget(slot)
+
+    def copy(self, src: int, dst: int, pos: int) -> None:
+        """``dst`` shares ``src``'s pages up to ``pos`` (copy-on-write for a partial last page)."""
+        self.pool.clear(dst)
+        self.pool.share(src, dst, pos)
+
+    def keep_prefix(self, slot: int, pos: int) -> bool:
+        if pos == 0:
+            self.pool.clear(slot)
+            return True
+        self.pool.truncate(slot, pos)
+        return self.pool.length(slot) == pos
+
+    def cut(self, slot: int, pos: int) -> None:
+        self.pool.truncate(slot, pos)
+
+    def kv_used(self, touched: set[int] = frozenset()) -> int:
+        """Cells in the pages slots hold (a shared page counts once)."""
+        return self.pool.used_blocks() * self.pool.block_size
+
+    # ---- parked KV --------------------------------------------------------------------------
+
+    def park(self, slot: int, key: str) -> int:
+        entry = self.parked[key] = self.pool.export(slot)
+        return max(entry.nbytes, 1)
+
+    def parked_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.parked.values())
+
+    def restore(self, slot: int, entry) -> bool:
+        return self.pool.import_(slot, entry)
+
+    def load(self, path: str, key: str) -> int:
+        try:
+            with open(path, "rb") as f:
+                entry = PagedKV.load(f)
+        except (OSError, ValueError, EOFError, RuntimeError, KeyError):
+            return 0
+        self.parked[key] = entry
+        return max(entry.nbytes, 1)
+
+    def save(self, key: str, path: str) -> int:
+        entry = self.parked.get(key)
+        if entry is None:
+            return 0
+        return write_atomically(path, lambda f: PagedKV.save(entry, f))
+
+    # ---- sampling ---------------------------------------------------------------------------
+
+    def new_sampler(self, lp: LanePlan) -> None:
+        """A lane's sampler, its constraint (if any) moved past the tokens it generated before it
+        was resumed (``lp.history`` from ``lp.replay_from`` on)."""
+        constraint = None
+        if lp.sampling.constrained:
+            if self.constrainer is None:
+                raise ValueError("a constrained lane reached a basert runner built without a constrainer")
+            generated = lp.history[lp.replay_from:] if lp.history and lp.replay_from is not None else ()
+            constraint = self.constrainer.for_lane(lp.sampling, generated)
+        sampler = self.samplers[lp.slot] = LaneSampler(lp.sampling, history=lp.history, constraint=constraint)
+        if lp.replay_from is not None and lp.sample:  # a seeded lane resumes its own sequence of draws
+            sampler.advance(lp.pos + len(lp.feed) - lp.replay_from)
+        if self.gate:
+            self.gate.forget(lp.slot)
+
+    def accepts(self, slot: int) -> bool:
+        sampler = self.samplers.get(slot)
+        return bool(sampler and sampler.sees_feed)
+
+    def _draft(self, w: Work, n_decoding: int) -> list[int]:
+        """Prompt-lookup drafts for a greedy lane that decodes (none for the others: sampled text
+        would need rejection sampling to stay what it would have been, and is left out)."""
+        if self.gate is None or not w.decoding or not w.sample or w.embed or w.targets:
+            return []
+        sampler = self.samplers.get(w.slot)
+        if sampler is None or not (sampler.greedy and sampler.plain) or sampler.sees_feed:
+            return []
+        left = w.max_new - len(w.result.tokens) - 1  # the step always adds the model's own next token
+        k = min(self.gate.draft_len(w.slot, n_decoding), left)
+        if k <= 0:
+            return []
+        return propose(self.pool.tokens(w.slot) + w.feed, k)
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def _rows(self, active: list[Work], plan: TickPlan) -> list[_Row]:
+        limit = plan.step_tokens
+        room = self.step_tokens if limit <= 0 else min(self.step_tokens, limit)
+        singles = [w for w in active if takes_one(w)]
+        rows = [_Row(w, 1, self._draft(w, len(singles))) for w in singles]
+        for w in active:
+            if takes_one(w):
+                continue
+            if room <= 0:
+                break
+            count = min(len(w.feed), room)
+            if w.replay_from is not None:  # replayed tokens go one per step, as decoding fed them
+                count = min(count, w.replay_from - w.pos)
+            rows.append(_Row(w, count))
+            room -= count
+        offset = 0
+        for row in rows:
+            row.offset = offset
+            offset += row.width
+        return rows
+
+    def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
+        """One forward pass over every row, then every row's sampling in one go."""
+        t0 = time.perf_counter()
+        rows = self._rows(active, plan)
+        spans = [(r.work.slot, r.start, r.width) for r in rows]
+        if not self.pool.reserve(spans):
+            raise PoolFull(sum(r.width for r in rows))
+        fed_tokens = [r.work.feed[:r.count] + r.draft for r in rows]
+        flat = [t for toks in fed_tokens for t in toks]
+        positions = [p for r in rows for p in range(r.start, r.start + r.width)]
+        tokens_t = torch.tensor(flat, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(tokens_t, pos_t, self.pool.begin_step(spans))
+
+        wanted = [r.offset + i for r in rows for i in r.logit_rows()]
+        logits = self.model.logits(hidden[wanted]) if wanted else None
+        at = 0
+        row_logits: dict[int, torch.Tensor] = {}
+        for i, r in enumerate(rows):
+            n = len(r.logit_rows())
+            if n:
+                row_logits[i] = logits[at:at + n]
+                at += n
+        pooled = {i: hidden[r.offset:r.offset + r.count].float().sum(dim=0)
+                  for i, r in enumerate(rows) if r.work.embed}
+
+        # rows that verify drafts: their greedy tokens, one transfer for all of them
+        verify = [i for i, r in enumerate(rows) if r.draft]
+        greedy = {}
+        if verify:
+            argmax = torch.cat([row_logits[i].argmax(dim=-1) for i in verify]).tolist()
+            at = 0
+            for i in verify:
+                n = rows[i].width
+                greedy[i] = argmax[at:at + n]
+                at += n
+        to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft and not r.work.embed]
+        drawn = {}
+        if to_sample:
+            picks = sample_rows(torch.cat([row_logits[i][-1:] for i in to_sample]),
+                                [self.samplers.get(rows[i].work.slot) for i in to_sample])
+            drawn = dict(zip(to_sample, picks))
+
+        decode_tokens = prefill_tokens = drafted = accepted = 0
+        for i, r in enumerate(rows):
+            w = r.work
+            if r.draft:
+                emitted = verify_greedy(r.draft, greedy[i])
+                n_acc = len(emitted) - 1
+                drafted += len(r.draft)
+                accepted += n_acc
+                self.gate.record(w.slot, len(r.draft), n_acc)
+                decode_tokens += 1  # one decode round for the cost model, however many tokens it gave
+                self._emit(w, r, emitted)
+                continue
+            fed = fed_tokens[i]
+            start = w.pos
+            del w.feed[:r.count]
+            w.pos += r.count
+            w.result.n_fed += r.count
+            if w.decoding:
+                decode_tokens += r.count
+            else:
+                w.result.n_prefill += r.count
+                prefill_tokens += r.count
+            self.pool.note_tokens(w.slot, start, fed)
+            sampler = self.samplers.get(w.slot)
+            if w.accept and sampler:
+                sampler.accept_fed(fed, start, w.replay_from)
+            targets = w.scored(r.count)
+            if any(t is not None for t in targets):
+                host = row_logits[i].float().cpu().numpy()
+                for j, target in enumerate(targets):
+                    if target is not None:
+                        w.result.prompt_logprobs.append(token_logprob(host[j], target, w.score_top))
+            if i in pooled:
+                w.add_pooled(pooled[i].cpu().numpy(), r.count)
+            if i in drawn:
+                token, logprob = drawn[i]
+                if sampler:
+                    sampler.accept([token])
+                w.sampled(token, token in self.eog, logprob)
+        result.steps.append(StepTiming(prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
+                                       seconds=time.perf_counter() - t0, drafted=drafted, accepted=accepted))
+        return True
+
+    def _emit(self, w: Work, r: _Row, emitted: list[int]) -> None:
+        """A verified row: the lane takes the emitted tokens (the accepted drafts, then the model's
+        own next token) until it ends; its KV keeps its last token and the drafts it went past,
+        the rejected rest is cut."""
+        start = w.pos
+        last = w.feed[0]
+        w.feed = []
+        sampler = self.samplers.get(w.slot)
+        taken = 0
+        for token in emitted:
+            taken += 1
+            if sampler:
+                sampler.accept([token])
+            w.sampled(token, token in self.eog, None)
+            if not w.feed:  # it ended (end of generation or its grant)
+                break
+            if taken < len(emitted):
+                w.feed = []
+        kept = taken  # the last token plus the taken tokens but the final one, all in the KV
+        self.pool.truncate(w.slot, start + kept)
+        self.pool.note_tokens(w.slot, start, [last] + emitted[:kept - 1])
+        w.pos = start + kept
+        w.result.n_fed += kept

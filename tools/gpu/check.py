@@ -1,0 +1,220 @@
+"""basert's GPU check: random-weight models of real shapes, driven tick by tick through basert's
+own runner, with the memory-bandwidth roofline beside every figure.
+
+Weights cannot travel to a lent GPU machine, so the models are Llama-3.2-1B and Llama-3.1-8B
+shapes with random bf16 weights: the arithmetic and memory traffic of the real models, not their
+text. For each shape and lane count (512-token prompts, 256-token replies by default) it reports
+aggregate tok/s (every generated token over the whole run), decode tok/s, TTFT (prefill in
+ticks that end at a first token, as the scheduler runs them) with and without ``--speculate``
+and ``--kv-bits 8``, and a plain PyTorch loop over contiguous caches (no paging) at the largest
+lane count as the figure from the same run to compare against. The roofline is the batch-1
+decode bound: measured device copy bandwidth over the bytes one token must read (every weight
+but the embedding table, plus the KV of the context).
+
+    python tools/gpu/check.py                       # on a GPU machine: both shapes, under 8 minutes
+    python tools/gpu/check.py --tiny --device cpu   # the same code on a tiny shape, in seconds
+
+It needs only torch and superfluid (no llama-cpp-python, no model file)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from superfluid.core.request import SamplingParams
+from superfluid.core.tick import LanePlan, TickPlan
+from superfluid.plugins.basert.dense_attention import DenseAttention
+from superfluid.plugins.basert.kv_pool import PagedKV
+from superfluid.plugins.basert.model import random_model
+from superfluid.plugins.basert.runner import TickRunner
+from superfluid.plugins.basert.shape import ModelShape
+
+LLAMA_3_2_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
+                "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+                "tie_word_embeddings": True,
+                "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+LLAMA_3_1_8B = {**LLAMA_3_2_1B, "hidden_size": 4096, "num_hidden_layers": 32, "head_dim": 128,
+                "intermediate_size": 14336, "tie_word_embeddings": False,
+                "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"], "factor": 8.0}}
+TINY = {**LLAMA_3_2_1B, "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 4096}
+SHAPES = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-3.1-8b": LLAMA_3_1_8B, "tiny": TINY}
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, megabytes: int) -> float:
+    """Bytes per second of a device-to-device copy (read + write), the roofline's bandwidth."""
+    n = megabytes * 2**20 // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    sync(device)
+    t0 = time.perf_counter()
+    reps = 10
+    for _ in range(reps):
+        b.copy_(a)
+    sync(device)
+    return 2 * a.numel() * a.element_size() * reps / (time.perf_counter() - t0)
+
+
+def bytes_per_decode_token(shape: ModelShape, dtype: torch.dtype, context: int, kv_bits: int) -> float:
+    """What one batch-1 decode step must read: every weight but the embedding table's unused rows
+    (a tied table is read whole, as the head), plus the context's K and V."""
+    bpv = torch.finfo(dtype).bits / 8
+    weights = shape.weight_bytes(bpv)
+    if not shape.tie_embeddings:
+        weights -= shape.vocab_size * shape.hidden_size * bpv
+    kv = PagedKV.bytes_per_token(shape.n_layers, shape.n_kv_heads, shape.head_dim, dtype, kv_bits) * context
+    return weights + kv
+
+
+def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat a random phrase (prompt lookup then has something to find)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        phrase = torch.randint(3, vocab, (32,), generator=g).tolist()
+        out.append((phrase * (length // 32 + 1))[:length])
+    return out
+
+
+def run_paged(model, shape, device, dtype, lanes: int, prompt: int, reply: int, *, speculate: int,
+              kv_bits: int) -> dict:
+    """Prefill every lane (ticks that end at a first token) then decode them all, through basert's
+    runner on a paged pool; the figures of one run."""
+    block = 16
+    pool = PagedKV(n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                   n_blocks=lanes * (-(-(prompt + reply + 32) // block)), block_size=block, dtype=dtype,
+                   device=device, bits=kv_bits)
+    runner = TickRunner(model, pool, set(), bytearray(3), device=device, speculate=speculate,
+                        step_tokens=max(512, min(8192, lanes * prompt)), max_lanes=lanes)
+    feeds = prompts(lanes, prompt, shape.vocab_size)
+    pos = {s: 0 for s in range(lanes)}
+    last: dict[int, int] = {}
+    ttft: list[float] = []
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while len(last) < lanes:
+            plans = [LanePlan(slot=s, pos=pos[s], feed=feeds[s][pos[s]:], sample=True, max_new=1,
+                              reset=pos[s] == 0, sampling=GREEDY, ignore_eos=True)
+                     for s in range(lanes) if s not in last]
+            res = runner.run(TickPlan(lanes=plans, end_after_first_token=True))
+            sync(device)
+            now = time.perf_counter() - t0
+            for lp in plans:
+                lr = res.lanes[lp.slot]
+                pos[lp.slot] += lr.n_fed
+                if lr.tokens:
+                    last[lp.slot] = lr.tokens[-1]
+                    ttft.append(now)
+        t_prefill = time.perf_counter() - t0
+        plans = [LanePlan(slot=s, pos=pos[s], feed=[last[s]], sample=True, max_new=reply - 1, decode=True,
+                          sampling=GREEDY, ignore_eos=True) for s in range(lanes)]
+        t1 = time.perf_counter()
+        res = runner.run(TickPlan(lanes=plans))
+        sync(device)
+    t_decode = time.perf_counter() - t1
+    generated = sum(len(lr.tokens) for lr in res.lanes.values())
+    drafted = sum(s.drafted for s in res.steps)
+    accepted = sum(s.accepted for s in res.steps)
+    return {"aggregate": (generated + lanes) / (t_prefill + t_decode), "decode": generated / t_decode,
+            "ttft_p50": statistics.median(ttft), "ttft_max": max(ttft),
+            "acceptance": accepted / drafted if drafted else None}
+
+
+def run_dense(model, shape, device, dtype, lanes: int, prompt: int, reply: int) -> dict:
+    """The same work as a plain PyTorch loop: contiguous per-sequence caches, each prompt
+    prefilled whole, then batched greedy decode steps; no paging, no scheduler."""
+    attn = DenseAttention(shape, lanes, prompt + reply, device, dtype)
+    feeds = prompts(lanes, prompt, shape.vocab_size)
+    sync(device)
+    t0 = time.perf_counter()
+    last = []
+    with torch.inference_mode():
+        for s in range(lanes):
+            attn.begin([(s, 0, prompt)])
+            h = model(torch.tensor(feeds[s], device=device), torch.arange(prompt, device=device), attn)
+            last.append(int(model.logits(h[-1:]).argmax(-1)))
+        t_prefill = time.perf_counter() - t0
+        tokens = torch.tensor(last, device=device)
+        for step in range(reply - 1):
+            p = prompt + step
+            attn.begin([(s, p, 1) for s in range(lanes)])
+            h = model(tokens, torch.full((lanes,), p, device=device), attn)
+            tokens = model.logits(h).argmax(-1)
+        sync(device)
+    t_total = time.perf_counter() - t0
+    return {"aggregate": lanes * reply / t_total, "decode": lanes * (reply - 1) / (t_total - t_prefill),
+            "ttft_p50": None, "ttft_max": t_prefill, "acceptance": None}
+
+
+def fmt(x, spec=".0f"):
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
+    ap.add_argument("--tiny", action="store_true", help="the tiny shape only (tests, CPU)")
+    ap.add_argument("--lanes", default="1,8,32,64,128")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--reply", type=int, default=256)
+    ap.add_argument("--speculate", type=int, default=4)
+    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting runs after this long")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    names = ["tiny"] if args.tiny else args.shapes.split(",")
+    lane_counts = [int(x) for x in args.lanes.split(",")]
+    started = time.perf_counter()
+    bw = copy_bandwidth(device, 64 if args.tiny else 2048)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    print(f"# basert GPU check on {name}, torch {torch.__version__}, {args.dtype}, prompts {args.prompt}, "
+          f"replies {args.reply}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print("| shape | lanes | variant | aggregate tok/s | decode tok/s | TTFT p50 s | TTFT max s | accept | "
+          "batch-1 roofline tok/s | decode / roofline (batch 1) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape_name in names:
+        shape = ModelShape.from_hf_config(SHAPES[shape_name], name=shape_name)
+        model = random_model(shape, device=device, dtype=dtype)
+        variants = [("basert", 0, 0), ("basert --speculate", args.speculate, 0), ("basert --kv-bits 8", 0, 8)]
+        for lanes in lane_counts:
+            for label, spec, bits in variants:
+                if time.perf_counter() - started > args.budget_s:
+                    print(f"| {shape_name} | {lanes} | {label} | skipped: past --budget-s | | | | | | |")
+                    continue
+                r = run_paged(model, shape, device, dtype, lanes, args.prompt, args.reply, speculate=spec,
+                              kv_bits=bits)
+                roof = bw / bytes_per_decode_token(shape, dtype, args.prompt + args.reply // 2, bits)
+                share = f"{r['decode'] / roof:.0%}" if lanes == 1 else ""
+                print(f"| {shape_name} | {lanes} | {label} | {fmt(r['aggregate'])} | {fmt(r['decode'])} | "
+                      f"{fmt(r['ttft_p50'], '.3f')} | {fmt(r['ttft_max'], '.3f')} | {fmt(r['acceptance'], '.2f')} | "
+                      f"{roof:.0f} | {share} |", flush=True)
+        dense_lanes = 64 if 64 in lane_counts else max(lane_counts)
+        if time.perf_counter() - started <= args.budget_s:
+            r = run_dense(model, shape, device, dtype, dense_lanes, args.prompt, args.reply)
+            print(f"| {shape_name} | {dense_lanes} | plain PyTorch loop, no paging | {fmt(r['aggregate'])} | "
+                  f"{fmt(r['decode'])} | - | {fmt(r['ttft_max'], '.3f')} | - | | |", flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"# done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
