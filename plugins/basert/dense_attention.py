@@ -47,19 +47,42 @@ class DenseAttention:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                window: int | None, scale: float, softcap: float | None) -> torch.Tensor:
-        """Store this step's k/v for ``layer`` and return attention for each of its queries."""
-        out = torch.empty_like(q)
-        offset = 0
+        """Store this step's k/v for ``layer`` and return attention for each of its queries.
+
+        Rows of one token (decodes) go through one batched call, keys padded to the longest and
+        masked; longer rows (prefill chunks) one call each. Without the batching a plain decode
+        baseline would make one kernel call per sequence per layer."""
+        offsets, offset = [], 0
         for seq, start, count in self._rows:
-            end = start + count
-            self.k[layer, seq, start:end] = k[offset:offset + count]
-            self.v[layer, seq, start:end] = v[offset:offset + count]
-            keys, values = self.k[layer, seq, :end], self.v[layer, seq, :end]
-            out[offset:offset + count] = _attend_one(q[offset:offset + count], keys, values, start,
-                                                     window=window, scale=scale, softcap=softcap)
+            self.k[layer, seq, start:start + count] = k[offset:offset + count]
+            self.v[layer, seq, start:start + count] = v[offset:offset + count]
+            offsets.append(offset)
             offset += count
         if offset != q.shape[0]:
             raise ValueError(f"begin() declared {offset} tokens but attend got {q.shape[0]}")
+        out = torch.empty_like(q)
+        decodes = [i for i, (_, _, count) in enumerate(self._rows) if count == 1]
+        if len(decodes) < 2:
+            decodes = []
+        for i, (seq, start, count) in enumerate(self._rows):
+            if i in decodes:
+                continue
+            at, end = offsets[i], start + count
+            qh = q[at:at + count].transpose(0, 1)[None]          # [1, H, count, D]
+            kh = self.k[layer, seq, :end].transpose(0, 1)[None]  # [1, Hkv, end, D]
+            vh = self.v[layer, seq, :end].transpose(0, 1)[None]
+            q_pos = torch.arange(start, end, device=q.device)
+            mask = causal_mask(q_pos, torch.arange(end, device=q.device), window)[None, None]
+            out[at:at + count] = _attention(qh, kh, vh, mask, scale, softcap)[0].transpose(0, 1)
+        if decodes:
+            at = torch.tensor([offsets[i] for i in decodes], device=q.device)
+            seqs = torch.tensor([self._rows[i][0] for i in decodes], device=q.device)
+            q_pos = torch.tensor([self._rows[i][1] for i in decodes], device=q.device)
+            longest = int(max(self._rows[i][1] for i in decodes)) + 1
+            kh = self.k[layer, seqs, :longest].transpose(1, 2)    # [B, Hkv, longest, D]
+            vh = self.v[layer, seqs, :longest].transpose(1, 2)
+            mask = causal_mask(q_pos, torch.arange(longest, device=q.device), window)[:, None, None, :]
+            out[at] = _attention(q[at][:, :, None, :], kh, vh, mask, scale, softcap)[:, :, 0, :]
         return out
 
 
@@ -72,26 +95,17 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) ->
     return mask
 
 
-def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, *, window: int | None,
-                scale: float, softcap: float | None) -> torch.Tensor:
-    """q [Tq, H, D] at positions start.., k/v [Tk, Hkv, D] at positions 0..Tk-1 -> [Tq, H, D]."""
-    tq, n_heads, _ = q.shape
-    n_kv = k.shape[1]
-    q_pos = torch.arange(start, start + tq, device=q.device)
-    k_pos = torch.arange(k.shape[0], device=q.device)
-    mask = causal_mask(q_pos, k_pos, window)
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # heads first
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+               softcap: float | None) -> torch.Tensor:
+    """q [B, H, Tq, D], k/v [B, Hkv, Tk, D], boolean mask broadcastable to [B, 1, Tq, Tk]."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
     if softcap is None:
-        # An explicit mask: the queries start mid-sequence (decode, chunks) and windows cut the past.
-        out = F.scaled_dot_product_attention(qh.unsqueeze(0), kh.unsqueeze(0), vh.unsqueeze(0),
-                                             attn_mask=mask, scale=scale, enable_gqa=n_heads != n_kv)
-        return out.squeeze(0).transpose(0, 1)
+        # An explicit mask: queries start mid-sequence (decode, chunks) and windows cut the past.
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=n_heads != n_kv)
     # Soft-capping sits between the scores and the softmax, where SDPA offers no hook.
-    group = n_heads // n_kv
-    kh = kh.repeat_interleave(group, dim=0)
-    vh = vh.repeat_interleave(group, dim=0)
-    scores = torch.matmul(qh, kh.transpose(1, 2)).float() * scale
+    k = k.repeat_interleave(n_heads // n_kv, dim=1)
+    v = v.repeat_interleave(n_heads // n_kv, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(vh.dtype)
-    return torch.matmul(probs, vh).transpose(0, 1)
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)

@@ -159,6 +159,39 @@ def test_flat_batch_of_two_sequences(saved, case):
     assert (logits[11:] - _reference(hf, b)[6:]).abs().max() < TOL
 
 
+@pytest.mark.parametrize("case", ["qwen3", "gemma3"])
+def test_batched_decode_rows(saved, case):
+    """Several one-token rows in a step take DenseAttention's batched path (keys padded to the
+    longest sequence and masked), beside a prefill chunk; each sequence still matches alone."""
+    hf, folder = saved(case)
+    model = basert.load(str(folder), name=case, device="cpu", dtype=torch.float32)
+    prompts = [_prompt(10 + i, n) for i, n in enumerate((5, 9, 12))]
+    extra = _prompt(20, 6)
+    attn = DenseAttention(model.shape, 4, 32, "cpu", torch.float32)
+    for seq, p in enumerate(prompts):
+        attn.begin([(seq, 0, len(p) - 3)])
+        model(p[:-3], torch.arange(len(p) - 3), attn)
+    got: list[list[torch.Tensor]] = [[], [], []]
+    for step in range(3):
+        rows = [(seq, len(p) - 3 + step, 1) for seq, p in enumerate(prompts)]
+        tokens = [p[len(p) - 3 + step:len(p) - 2 + step] for p in prompts]
+        positions = [torch.tensor([len(p) - 3 + step]) for p in prompts]
+        if step == 1:  # a prefill chunk in the middle of the decode rows
+            rows.insert(1, (3, 0, 6))
+            tokens.insert(1, extra)
+            positions.insert(1, torch.arange(6))
+        attn.begin(rows)
+        logits = model.logits(model(torch.cat(tokens), torch.cat(positions), attn))
+        if step == 1:
+            assert (logits[1:7] - _reference(hf, extra)).abs().max() < TOL
+            logits = torch.cat([logits[:1], logits[7:]])
+        for seq in range(3):
+            got[seq].append(logits[seq])
+    for seq, p in enumerate(prompts):
+        diff = (torch.stack(got[seq]) - _reference(hf, p)[-3:]).abs().max().item()
+        assert diff < TOL, f"{case} sequence {seq}: max |Δlogit| {diff:.2e}"
+
+
 def test_rewind_cuts_the_cache(saved):
     """begin() at an earlier start drops what followed: a re-fed suffix gives the same logits."""
     hf, folder = saved("llama")
@@ -470,6 +503,17 @@ def test_softcap_path_masks_and_groups_like_sdpa():
         plain = _attend(shape, q, k, v, window=window, softcap=None, chunks=[10])
         capped = _attend(shape, q, k, v, window=window, softcap=1e6, chunks=[4, 1, 5])
         assert (plain - capped).abs().max() < 1e-5
+    # batched decode rows (two sequences, different lengths) on the capped path, against each alone
+    for softcap in (None, 0.5):
+        alone = [_attend(shape, q[:n], k[:n], v[:n], window=3, softcap=softcap, chunks=[n - 1, 1])[-1]
+                 for n in (6, 10)]
+        attn = DenseAttention(shape, 2, 32, "cpu", torch.float32)
+        attn.begin([(0, 0, 5), (1, 0, 9)])
+        attn.attend(0, torch.cat([q[:5], q[:9]]), torch.cat([k[:5], k[:9]]), torch.cat([v[:5], v[:9]]),
+                    window=3, scale=0.3, softcap=softcap)
+        attn.begin([(0, 5, 1), (1, 9, 1)])
+        both = attn.attend(0, q[[5, 9]], k[[5, 9]], v[[5, 9]], window=3, scale=0.3, softcap=softcap)
+        assert (both - torch.stack(alone)).abs().max() < 1e-6
     got = _attend(shape, q, k, v, window=3, softcap=0.5, chunks=[10])
     i, head = 7, 3  # query 7 sees keys 5, 6, 7; head 3 reads kv head 1
     scores = torch.tanh((k[5:8, 1] @ q[i, head]) * 0.3 / 0.5) * 0.5
