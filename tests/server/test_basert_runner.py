@@ -1,0 +1,188 @@
+"""basert's tick runner on a real (tiny, random-weight) GGUF, driven as the scheduler drives it:
+batched lanes against each lane alone, pages shared and parked, the stop flag, a full pool,
+speculation, narrow KV, prompt scoring and embedding lanes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from superfluid.core.logits import token_logprob  # noqa: E402
+from superfluid.core.request import SamplingParams  # noqa: E402
+from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
+from superfluid.plugins.basert import model as models  # noqa: E402
+from superfluid.plugins.basert.dense_attention import DenseAttention  # noqa: E402
+from superfluid.plugins.basert.kv_pool import PagedKV  # noqa: E402
+from superfluid.plugins.basert.runner import TickRunner  # noqa: E402
+
+from ..tinygguf import write_tiny_llama  # noqa: E402
+
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [list(range(5, 45)), list(range(60, 83)), [7, 8, 9, 10] * 9, list(range(300, 371))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("basert") / "tiny.gguf", n_layer=2, n_embd=64)
+    return models.load(str(path), name="tiny", device=CPU, dtype=torch.float32)
+
+
+def runner(model, *, n_blocks=256, bits=0, speculate=0, step_tokens=512):
+    s = model.shape
+    pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=n_blocks,
+                   block_size=16, dtype=torch.float32, device=CPU, bits=bits)
+    return TickRunner(model, pool, set(), bytearray(3), device=CPU, speculate=speculate, step_tokens=step_tokens)
+
+
+def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GREEDY):
+    """Prefill + first token, then decode grants, as the scheduler plans them."""
+    out = {s: [] for s in lanes}
+    pos = {s: 0 for s in lanes}
+    plans = [LanePlan(slot=s, pos=0, feed=list(t), sample=True, max_new=grant, reset=True, sampling=sampling,
+                      ignore_eos=True) for s, t in lanes.items()]
+    with torch.inference_mode():
+        while plans:
+            res = r.run(TickPlan(lanes=plans))
+            nxt = []
+            for lp in plans:
+                lr = res.lanes[lp.slot]
+                out[lp.slot] += lr.tokens
+                pos[lp.slot] += lr.n_fed
+                if len(out[lp.slot]) < n:
+                    nxt.append(LanePlan(slot=lp.slot, pos=pos[lp.slot], feed=[out[lp.slot][-1]], sample=True,
+                                        max_new=min(grant, n - len(out[lp.slot])), decode=True, ignore_eos=True))
+            plans = nxt
+    return out
+
+
+def dense_greedy(model, prompt: list[int], n: int) -> list[int]:
+    attn = DenseAttention(model.shape, 1, len(prompt) + n, CPU, torch.float32)
+    out, feed, pos = [], list(prompt), 0
+    with torch.inference_mode():
+        while len(out) < n:
+            attn.begin([(0, pos, len(feed))])
+            h = model(torch.tensor(feed), torch.arange(pos, pos + len(feed)), attn)
+            pos += len(feed)
+            out.append(int(model.logits(h[-1:]).argmax()))
+            feed = [out[-1]]
+    return out
+
+
+def test_batched_lanes_equal_each_lane_alone_and_the_dense_reference(tiny):
+    together = generate(runner(tiny), dict(enumerate(PROMPTS)), 12)
+    for slot, prompt in enumerate(PROMPTS):
+        assert together[slot] == generate(runner(tiny), {0: prompt}, 12)[0]
+        assert together[slot] == dense_greedy(tiny, prompt, 12)
+
+
+def test_prefill_in_small_steps_gives_the_same_tokens(tiny):
+    assert generate(runner(tiny, step_tokens=7), {0: PROMPTS[3]}, 8) == generate(runner(tiny), {0: PROMPTS[3]}, 8)
+
+
+def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, tmp_path):
+    r = runner(tiny)
+    prompt = PROMPTS[3]
+    with torch.inference_mode():
+        r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=prompt, sample=True, max_new=1, reset=True,
+                                       sampling=GREEDY, ignore_eos=True)]))
+        used = r.kv_used()
+        # a lane seeded from slot 0's first 64 tokens shares its four full pages
+        res = r.run(TickPlan(lanes=[LanePlan(slot=1, pos=64, feed=prompt[64:], sample=True, max_new=3, reset=True,
+                                             sampling=GREEDY, seed=Seed(slot=0), ignore_eos=True)]))
+        assert res.lanes[1].n_prefill == len(prompt) - 64
+        assert r.kv_used() <= used + 16 * 2
+        reference = res.lanes[1].tokens
+        # park slot 1, save it, load it under another key, restore it into slot 2: same continuation
+        r.run(TickPlan(park=[(1, "k")], release=[1]))
+        path = str(tmp_path / "park.bin")
+        assert r.run(TickPlan(save=[("k", path)])).saved[path] > 0
+        assert r.run(TickPlan(load=[(path, "k2")])).parked["k2"] > 0
+        first = r.run(TickPlan(lanes=[LanePlan(slot=2, pos=len(prompt), feed=[reference[0]], sample=True,
+                                               max_new=2, reset=True, sampling=GREEDY, seed=Seed(key="k2"),
+                                               ignore_eos=True)]))
+    assert not first.lanes[2].restore_failed
+    assert first.lanes[2].tokens == reference[1:3]
+
+
+def test_a_missing_or_corrupt_park_is_reported_not_raised(tiny, tmp_path):
+    r = runner(tiny)
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"not a park file")
+    with torch.inference_mode():
+        assert r.run(TickPlan(load=[(str(bad), "x")])).parked["x"] == 0
+        res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=5, feed=[1], sample=True, max_new=1, reset=True,
+                                             sampling=GREEDY, seed=Seed(key="absent"))]))
+    assert res.lanes[0].restore_failed
+
+
+def test_stop_flag_ends_the_tick_between_steps(tiny):
+    r = runner(tiny, step_tokens=8)
+    r.stop_flag[2] = 1  # yield: end before the next step
+    with torch.inference_mode():
+        res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=PROMPTS[3], sample=True, max_new=4, reset=True,
+                                             sampling=GREEDY)]))
+    assert res.stopped_early and res.lanes[0].n_fed == 0
+
+
+def test_a_step_the_pool_cannot_hold_is_refused_whole(tiny):
+    r = runner(tiny, n_blocks=3)
+    with torch.inference_mode():
+        res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=PROMPTS[3], sample=True, max_new=1, reset=True,
+                                             sampling=GREEDY)]))
+    assert res.rejected_tokens > 0 and res.lanes[0].n_fed == 0 and r.kv_used() == 0
+
+
+def test_speculation_gives_the_greedy_tokens_and_accepts_drafts(tiny):
+    prompt = [11, 12, 13, 14, 15] * 6
+    plain = generate(runner(tiny), {0: prompt}, 24, grant=24)
+    r = runner(tiny, speculate=4)
+    spec = generate(r, {0: prompt}, 24, grant=24)
+    assert spec == plain
+    assert r.gate.drafted > 0
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_narrow_kv_runs_and_stays_close(tiny, bits):
+    full = generate(runner(tiny), {0: PROMPTS[0]}, 8)[0]
+    narrow = generate(runner(tiny, bits=bits), {0: PROMPTS[0]}, 8)[0]
+    assert len(narrow) == 8
+    if bits == 8:
+        assert narrow[:4] == full[:4]
+
+
+def test_prompt_scores_and_embedding_sums_match_the_dense_model(tiny):
+    prompt = PROMPTS[1]
+    attn = DenseAttention(tiny.shape, 1, len(prompt), CPU, torch.float32)
+    with torch.inference_mode():
+        attn.begin([(0, 0, len(prompt))])
+        hidden = tiny(torch.tensor(prompt), torch.arange(len(prompt)), attn)
+        rows = tiny.logits(hidden).numpy()
+        r = runner(tiny, step_tokens=9)
+        res = r.run(TickPlan(lanes=[
+            LanePlan(slot=0, pos=0, feed=prompt, sample=False, reset=True, sampling=GREEDY,
+                     targets=prompt[1:], score_top=2),
+            LanePlan(slot=1, pos=0, feed=prompt, sample=False, reset=True, sampling=GREEDY, embed=True)]))
+    scores = res.lanes[0].prompt_logprobs
+    assert len(scores) == len(prompt) - 1
+    for i, entry in enumerate(scores):
+        want = token_logprob(rows[i], prompt[i + 1], 2)
+        assert abs(entry.logprob - want.logprob) < 1e-4
+    assert res.lanes[1].pooled == len(prompt)
+    np.testing.assert_allclose(res.lanes[1].embedding_sum, hidden.sum(0).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_park_file_round_trips_through_bytes(tiny):
+    r = runner(tiny)
+    with torch.inference_mode():
+        generate(r, {0: PROMPTS[0]}, 2)
+    entry = r.pool.export(0)
+    buf = io.BytesIO()
+    PagedKV.save(entry, buf)
+    buf.seek(0)
+    back = PagedKV.load(buf)
+    assert back.length == entry.length and back.tokens == entry.tokens

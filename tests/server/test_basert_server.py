@@ -1,0 +1,194 @@
+"""basert behind the real server, on the CPU, with the real default model (SmolLM2 GGUF): what the
+scheduler offers (QoS preemption with parking, the prefix cache on shared pages, batch-invariant
+lanes, client disconnect, structured output and tools), speculation and narrow KV, and the
+startup errors of its flags."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import http.client
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .test_qos_server import complete, post, wait_for
+
+pytest.importorskip("torch")
+
+BASERT = ("--engine", "basert", "--threads", "2")
+AGENT_PROMPTS = [
+    "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nExplain in detail how an operating system schedules processes.<|im_end|>\n<|im_start|>assistant\n",
+]
+AGENT_TOKENS = 64
+# a prompt that repeats itself, so prompt lookup has drafts to offer
+REPEATING = ("<|im_start|>user\nCopy this list exactly, twice: apples, pears, plums, figs, dates, limes, "
+             "kiwis, grapes, melons, cherries.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def metric(server, name):
+    return sum(v for k, v in server.metrics().items() if k.split("{")[0] == name)
+
+
+def slots(server):
+    return server.get_json("/slots")["models"]["smollm2"]["slots"]
+
+
+@pytest.fixture(scope="module")
+def basert(start_server):
+    return start_server(*BASERT, "--max-batch", "4", "--http-allow-batch-invariant")
+
+
+@pytest.fixture(scope="module")
+def references(basert):
+    return {p: complete(basert.base, p, AGENT_TOKENS) for p in AGENT_PROMPTS + [REPEATING]}
+
+
+def test_health_names_the_engine_and_its_pool(basert):
+    health = basert.get_json("/health")
+    model = health["models"]["smollm2"] if "models" in health else health
+    text = json.dumps(model)
+    assert "basert" in text and "kv_blocks" in text
+
+
+def test_preempted_lane_with_parking_gives_the_unpreempted_text(start_server, references):
+    srv = start_server(*BASERT, "--max-batch", "2", "--park")
+    with cf.ThreadPoolExecutor(2) as pool:
+        agents = [pool.submit(complete, srv.base, p, AGENT_TOKENS, "agent") for p in AGENT_PROMPTS]
+        # basert's ticks are long while every lane is busy (--tick-target-ms), so /slots may show
+        # one decoding state per tick: both lanes decoding is enough
+        wait_for(lambda: sum(s["state"] == "decoding" for s in slots(srv)) == 2,
+                 timeout=120, what="two decoding agent lanes")
+        chat = complete(srv.base, "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n", 6, "interactive")
+        texts = [a.result(timeout=300) for a in agents]
+    assert chat
+    assert metric(srv, "superfluid_preemptions_total") >= 1
+    for prompt, text in zip(AGENT_PROMPTS, texts):
+        assert text == references[prompt]
+    # the resumed lane restored its parked pages: only its last sampled token was fed again
+    prefilled = metric(srv, "superfluid_prefill_tokens_total")
+    prompt_tokens = metric(srv, "superfluid_prompt_tokens_total")
+    assert prefilled <= prompt_tokens + 2 * metric(srv, "superfluid_preemptions_total")
+
+
+def test_shared_prefix_is_prefilled_once_and_its_pages_held_once(start_server):
+    srv = start_server(*BASERT, "--max-batch", "4")
+    system = "You are a meticulous assistant for a team of software engineers. " * 20
+    prefix = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+    prompts = [prefix + f"Question {i}: name a colour.<|im_end|>\n<|im_start|>assistant\n" for i in range(8)]
+    before = metric(srv, "superfluid_prefill_tokens_total")
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: post(srv.base, "/v1/completions",
+                                               {"prompt": p, "max_tokens": 2, "temperature": 0})[1], prompts))
+    prefilled = metric(srv, "superfluid_prefill_tokens_total") - before
+    prompt_tokens = [r["usage"]["prompt_tokens"] for r in results]
+    shared = min(prompt_tokens) - 16
+    suffixes = sum(p - shared for p in prompt_tokens)
+    assert (prefilled - suffixes) / shared <= 1.0, (prefilled, shared, suffixes)
+    # four slots now hold the ~300-token prefix as cached KV, on the same pages
+    used = srv.settled_metric("superfluid_kv_cells_used")
+    assert used < shared + 4 * 64, (used, shared)
+
+
+def test_batch_invariant_lane_equals_itself_alone(basert):
+    prompt = "<|im_start|>user\nDescribe a sunset over the ocean.<|im_end|>\n<|im_start|>assistant\n"
+    sampled = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    bi = {"x-superfluid-batch-invariant": "true"}
+    _, alone, _ = post(basert.base, "/v1/completions", {"prompt": prompt, "max_tokens": 24, **sampled}, bi)
+    with cf.ThreadPoolExecutor(3) as pool:
+        busy = [pool.submit(complete, basert.base, f"<|im_start|>user\nFact {i} about space?<|im_end|>\n", 48)
+                for i in range(3)]
+        wait_for(lambda: sum(s["state"] != "free" for s in slots(basert)) == 3, timeout=60, what="3 busy lanes")
+        status, loaded, _ = post(basert.base, "/v1/completions", {"prompt": prompt, "max_tokens": 24, **sampled}, bi)
+        for f in busy:
+            f.result(timeout=300)
+    assert status == 200
+    assert loaded["choices"][0]["text"] == alone["choices"][0]["text"]
+
+
+def test_seeded_sampling_is_the_same_alone_and_beside_others(basert):
+    """A lone sampled lane is drawn on the host, two or more on the device: same seed, same text."""
+    prompt = "<|im_start|>user\nName a fruit and a colour.<|im_end|>\n<|im_start|>assistant\n"
+    body = {"prompt": prompt, "max_tokens": 16, "temperature": 0.8, "top_k": 40, "seed": 7}
+    _, alone, _ = post(basert.base, "/v1/completions", body)
+    with cf.ThreadPoolExecutor(3) as pool:
+        side = [pool.submit(post, basert.base, "/v1/completions", {**body, "seed": 100 + i}) for i in range(2)]
+        together = pool.submit(post, basert.base, "/v1/completions", body)
+        [f.result(timeout=300) for f in side]
+        _, beside, _ = together.result(timeout=300)
+    assert beside["choices"][0]["text"] == alone["choices"][0]["text"]
+
+
+def test_disconnect_mid_stream_frees_the_lane(basert):
+    conn = http.client.HTTPConnection("127.0.0.1", basert.port, timeout=60)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"prompt": "Write a very long story about a dragon.", "max_tokens": 1000,
+                                  "ignore_eos": True, "temperature": 0, "stream": True}))
+    resp = conn.getresponse()
+    assert resp.status == 200
+    chunks = 0
+    while chunks < 3:
+        if resp.fp.readline().startswith(b"data: {"):
+            chunks += 1
+    closed_at = time.monotonic()
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: all(s["state"] == "free" for s in slots(basert)), timeout=10, what="the lane freed")
+    assert time.monotonic() - closed_at < 10
+
+
+def test_structured_output_and_a_forced_tool_call(basert):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=basert.base + "/v1", api_key="unused", timeout=300, max_retries=0)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"]}
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "A large city and its population, as JSON."}],
+        max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}})
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"city", "population"} and isinstance(value["population"], int)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+
+
+def test_speculation_keeps_greedy_text_and_reports_acceptance(start_server, references):
+    srv = start_server(*BASERT, "--max-batch", "4", "--speculate", "4")
+    assert complete(srv.base, REPEATING, AGENT_TOKENS) == references[REPEATING]
+    assert complete(srv.base, AGENT_PROMPTS[0], AGENT_TOKENS) == references[AGENT_PROMPTS[0]]
+    drafted = metric(srv, "superfluid_spec_drafted_tokens_total")
+    accepted = metric(srv, "superfluid_spec_accepted_tokens_total")
+    assert drafted > 0 and 0 < accepted <= drafted
+    assert 0 < metric(srv, "superfluid_spec_acceptance_rate") <= 1
+
+
+def test_eight_bit_kv_serves_close_to_full_width(start_server, references):
+    srv = start_server(*BASERT, "--max-batch", "2", "--kv-bits", "8")
+    text = complete(srv.base, AGENT_PROMPTS[1], AGENT_TOKENS)
+    ref = references[AGENT_PROMPTS[1]]
+    same = next((i for i, (a, b) in enumerate(zip(text, ref)) if a != b), min(len(text), len(ref)))
+    assert same >= 20, (text, ref)  # agrees well past the start (measured figures: docs/benchmarks.md)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--kv-bits", "3"), "kv-bits"),
+    (("--kv-bits", "wide"), "kv-bits"),
+    (("--speculate", "99"), "speculate"),
+    (("--speculate", "-1"), "speculate"),
+    (("--device", "cuda:7"), "cuda:7"),
+    (("--device", "tpu"), "tpu"),
+    (("--dtype", "int3"), "dtype"),
+])
+def test_bad_flags_fail_at_startup_naming_them(model_path, flags, needle):
+    out = subprocess.run([sys.executable, "-m", "superfluid.core.cli", "serve", "--model", model_path,
+                          "--port", "0", *BASERT, *flags], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert needle in out.stderr, out.stderr[-2000:]
