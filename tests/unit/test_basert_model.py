@@ -252,6 +252,21 @@ def test_shape_of_llama_31_8b():
     assert torch.allclose(basert.rope_inv_freq(shape, local=False), want.float(), rtol=1e-6, atol=0)
 
 
+def test_shape_counts_of_published_models():
+    """Parameter counts as published, so weight_bytes is right for rooflines (tied heads once)."""
+    llama_32_1b = {**LLAMA_31_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                   "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+                   "rope_scaling": {**LLAMA_31_8B["rope_scaling"], "factor": 32.0}}
+    assert ModelShape.from_hf_config(llama_32_1b).param_count() == 1_235_814_400
+    qwen25 = ModelShape.from_hf_config({  # Qwen2.5-0.5B, transformers-4 spelling
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+        "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "rope_theta": 1000000.0, "sliding_window": 131072, "use_sliding_window": False,
+        "max_window_layers": 21, "tie_word_embeddings": True, "rms_norm_eps": 1e-6})
+    assert qwen25.param_count() == 494_032_768
+    assert qwen25.windows == (None,) * 24 and qwen25.qkv_bias and not qwen25.o_bias
+
+
 def test_shape_of_gemma3_old_config_spelling():
     """transformers-4-era config.json (rope_local_base_freq, sliding_window_pattern)."""
     shape = ModelShape.from_hf_config({
