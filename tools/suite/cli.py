@@ -27,6 +27,8 @@ def parser() -> argparse.ArgumentParser:
                    help="keep the outcomes already in OUT/suite.json for the scenarios not run now (finish "
                         "a run that was stopped, or run one scenario again); the JSON says which came from "
                         "the earlier run")
+    p.add_argument("--engine", help="superfluid's engine (default: llamacpp); basert runs in-process, so "
+                   "worker kill is n/a for it")
     p.add_argument("--no-qos", action="store_true",
                    help="start superfluid with --no-http-qos-header (every request in the default class); "
                         "agents + chat is expected to fail then")
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def meta(**more) -> dict:
         return {"command": command, "model": model, "targets": dict((n, k) for k, n in kinds),
-                "fast": args.fast, "qos": not args.no_qos, "wall_s": round(time.monotonic() - t0, 1),
+                "fast": args.fast, "qos": not args.no_qos, "engine": args.engine or "llamacpp", "wall_s": round(time.monotonic() - t0, 1),
                 **({"earlier_run": earlier} if earlier else {}), **more}
 
     order = {m.KEY: i for i, m in enumerate(ALL)}
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         report.write_json(out / "suite.json", merged(so_far), meta(partial=True))
 
     outcomes = merged(runner.run(scenarios, kinds, args.fast, model, out, qos=not args.no_qos,
-                                 done=keep_partial))
+                                 done=keep_partial, engine=args.engine))
     titles = {m.KEY: m.TITLE for m in ALL}
     names = [n for _k, n in kinds]
     charts = []

@@ -63,7 +63,7 @@ async def _run_one(module, kind, name, p, server, out_dir) -> Outcome:
 
 
 def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: Path,
-                 qos: bool = True, overrides: dict | None = None) -> Outcome:
+                 qos: bool = True, overrides: dict | None = None, engine: str | None = None) -> Outcome:
     """One scenario against one target, on a server of its own."""
     p = dict(module.FAST if fast else module.FULL, **(overrides or {}))
     why = module.unsupported(kind)
@@ -73,6 +73,8 @@ def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: 
     with tempfile.TemporaryDirectory(prefix=f"suite-{module.KEY}-") as state:
         cfg = module.config(kind, p, state)
         cfg.qos = qos
+        if engine and kind == "superfluid":
+            cfg.extra += ["--engine", engine]
         log_path = out_dir / "logs" / f"{module.KEY}-{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_bytes(b"")
@@ -100,14 +102,15 @@ def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: 
 
 
 def run(scenarios: list, kinds: list[tuple[str, str]], fast: bool, model: str, out_dir: Path,
-        qos: bool = True, overrides: dict | None = None, progress=_log, done=None) -> list[Outcome]:
+        qos: bool = True, overrides: dict | None = None, progress=_log, done=None,
+        engine: str | None = None) -> list[Outcome]:
     """Every scenario against every target; targets take turns within a scenario. ``done`` gets
     the outcomes so far after each one (the CLI keeps suite.json current with it)."""
     outcomes = []
     for module in scenarios:
         for kind, name in kinds:
             progress(f"== {module.TITLE} on {name} ...")
-            o = run_scenario(module, kind, name, fast, model, out_dir, qos, overrides)
+            o = run_scenario(module, kind, name, fast, model, out_dir, qos, overrides, engine)
             progress(f"   {o.verdict}: {o.reason} ({o.seconds:.0f} s)")
             outcomes.append(o)
             if done is not None:

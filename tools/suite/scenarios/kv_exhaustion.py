@@ -59,7 +59,9 @@ async def run(ctx) -> Outcome:
     pool = None
     if ctx.kind == "superfluid":  # the worker's context: every lane's KV cells (/slots has it only after a tick)
         s = await ctx.get("/health")
-        pool = s.body["models"][MODEL_NAME].get("n_ctx") if s.status == 200 else None
+        m = s.body["models"][MODEL_NAME] if s.status == 200 else {}
+        # llama.cpp's context, or basert's paged pool (blocks x block size)
+        pool = m.get("n_ctx") or (m.get("kv_blocks", 0) * m.get("block_size", 0)) or None
     elif ctx.kind == "llama-server":
         pool = p["lanes"] * p["context"]
     elif ctx.kind == "llama-cpp-python":

@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 
-from ..common import ERROR, Outcome, stream, verdict
+from ..common import ERROR, Outcome, Unsupported, stream, verdict
 from ..targets import MODEL_NAME, ServeConfig
 
 KEY, TITLE = "worker_kill", "worker kill"
@@ -47,6 +47,8 @@ async def run(ctx) -> Outcome:
     health = (await ctx.get("/health")).body
     model = health["models"][MODEL_NAME]
     pid = model.get("worker_pid") or model.get("pid")
+    if pid is None:  # basert runs in the daemon's own process
+        raise Unsupported(f"engine {model.get('engine', '?')} runs in-process: no engine worker to kill")
     restarts0 = model.get("restarts", 0)
     progress = {"chunks": 0}
     killed = asyncio.Event()
