@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     for shape_name in names:
         shape = ModelShape.from_hf_config(SHAPES[shape_name], name=shape_name)
         model = random_model(shape, device=device, dtype=dtype)
+        # warm-up: kernels, allocator and caches, so the first row is not paying for them
+        run_paged(model, shape, device, dtype, 2, min(args.prompt, 64), 4, speculate=args.speculate, kv_bits=8)
         variants = [("basert", 0, 0), ("basert --speculate", args.speculate, 0), ("basert --kv-bits 8", 0, 8)]
         for lanes in lane_counts:
             for label, spec, bits in variants:

@@ -1,0 +1,33 @@
+"""tools/gpu/check.py on the CPU with the tiny shape: the same code the GPU machine runs, so the
+prepared check cannot rot between the times a GPU is lent."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tools.gpu import check  # noqa: E402
+
+
+def test_the_gpu_check_runs_on_the_cpu_and_prints_every_row(capsys):
+    assert check.main(["--tiny", "--device", "cpu", "--dtype", "fp32", "--lanes", "1,2", "--prompt", "32",
+                       "--reply", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 * 3 + 1  # three variants per lane count, then the plain loop
+    for row in rows:
+        aggregate = float(row.split("|")[4])
+        assert aggregate > 0
+    assert "plain PyTorch loop" in rows[-1]
+    assert "copy bandwidth" in out
+
+
+def test_the_roofline_counts_weights_and_context():
+    import torch
+
+    shape = check.ModelShape.from_hf_config(check.LLAMA_3_1_8B)
+    per_token = check.bytes_per_decode_token(shape, torch.bfloat16, 0, 0)
+    assert 14.5e9 < per_token < 16.5e9  # ~7.5B parameters read per token in bf16 (the input embedding is not)
+    longer = check.bytes_per_decode_token(shape, torch.bfloat16, 1000, 0)
+    assert longer - per_token == pytest.approx(1000 * 32 * 2 * 8 * 128 * 2, rel=1e-6)
