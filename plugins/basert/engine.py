@@ -22,7 +22,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.plugins.vocab import HFVocab, open_vocab
 
 from . import model as models
-from .shape import SUPPORTED_ARCHS
+from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
 from .kv_pool import PagedKV
 from .runner import PREFILL_STEP, TickRunner
 
@@ -78,8 +78,8 @@ def free_memory(device: torch.device) -> int:
 def architecture(vocab) -> str:
     """The model's architecture as the file states it (GGUF ``general.architecture``, HF
     ``model_type``)."""
-    if isinstance(vocab, HFVocab):
-        return vocab.model_type
+    if isinstance(vocab, HFVocab):  # HF names (gemma3_text) mapped to basert's
+        return HF_MODEL_TYPES.get(vocab.model_type, vocab.model_type)
     return getattr(vocab, "arch", "") or ""
 
 
