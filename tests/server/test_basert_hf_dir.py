@@ -8,6 +8,7 @@ uses, which ``/tokenize`` shows by agreeing with the GGUF's own tokenizer."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -162,6 +163,8 @@ def test_other_architectures_start_and_answer(serve_dir, model_type):
     srv = serve_dir(model_type)
     try:
         assert "basert" in json.dumps(srv.get_json("/health"))
+        arch = {"qwen3": "qwen3", "gemma3_text": "gemma3"}[model_type]
+        assert re.search(rf"basert on \S+ \(\w+, {arch}\)", srv.log()), srv.log()  # built as that architecture
         status, body = srv.call("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6, "temperature": 0})
         assert status == 200, body

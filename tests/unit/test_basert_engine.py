@@ -102,7 +102,8 @@ def test_unsupported_architecture_fails_naming_model_arch_and_the_supported(gpt2
 
 
 def test_kv_memory_too_small_for_one_lane_fails_and_frees_everything(wide_kv_dir):
-    engine = engine_for(wide_kv_dir, "--max-context", str(MAX_CONTEXT), "--max-batch", "1", "--kv-memory", "0.01")
+    engine = engine_for(wide_kv_dir, "--max-context", str(MAX_CONTEXT), "--max-batch", "1", "--kv-memory", "0.01",
+                        "--device", "cpu")
     assert engine._bytes_per_token(_shape(wide_kv_dir)) == 2 * 2 * 4 * 256 * 4  # 16 GiB for one lane
     progress: list[str] = []
     with pytest.raises(ConfigError) as info:
