@@ -218,7 +218,7 @@ class BasertEngine(Engine):
 
     def describe(self) -> dict:
         out = {"engine": "basert", "state": "ready" if self.runner else "stopped", "device": str(self.device),
-               "dtype": str(self.dtype).replace("torch.", ""), "kv_bits": self.kv_bits or 16,
+               "dtype": str(self.dtype).replace("torch.", ""), "kv_bits": self.kv_bits or torch.finfo(self.dtype).bits,
                "speculate": self.speculate}
         if self.pool is not None:
             out.update(kv_blocks=self.pool.n_blocks, block_size=self.pool.block_size,
