@@ -19,7 +19,7 @@ OPTIONS = [
            model_scoped=True),
     Option("kv-pool-cells", int, 0, "llama.cpp: cells in the shared KV pool (--kv-unified, sliding-window and "
            "recurrent models), at least --max-context (0: lanes × context, capped by free memory); in a pool smaller than lanes × context, "
-           "lanes beyond what it holds queue", in_range(0, 1 << 24), model_scoped=True, metavar="N"),
+           "lanes beyond what it holds queue; basert reads it as its paged pool's tokens", in_range(0, 1 << 24), model_scoped=True, metavar="N"),
 ]
 
 
