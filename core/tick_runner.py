@@ -97,6 +97,26 @@ def takes_one(w: Work) -> bool:
     return len(w.feed) == 1 or (w.replay_from is not None and w.pos >= w.replay_from)
 
 
+def prefill_shares(active: list[Work], plan: TickPlan, step_tokens: int) -> list[tuple[Work, int]]:
+    """How many tokens each lane that prefills (does not :func:`takes_one`) feeds in this step, in
+    the plan's order, within the step's budget (the engine's ``step_tokens``, or the plan's if
+    smaller). A lane replaying its generation feeds only up to where the replay starts: replayed
+    tokens go one per step, as decoding fed them."""
+    room = step_tokens if plan.step_tokens <= 0 else min(step_tokens, plan.step_tokens)
+    shares: list[tuple[Work, int]] = []
+    for w in active:
+        if takes_one(w):
+            continue
+        if room <= 0:
+            break
+        count = min(len(w.feed), room)
+        if w.replay_from is not None:
+            count = min(count, w.replay_from - w.pos)
+        shares.append((w, count))
+        room -= count
+    return shares
+
+
 def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> int:
     """Write a park artifact whole or not at all: ``write`` fills ``path.tmp``, which is synced
     and renamed to ``path``. The bytes written; 0 on failure."""

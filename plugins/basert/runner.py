@@ -24,7 +24,7 @@ from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
-from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
+from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
 
 from .kv_pool import PagedKV
 from .sampler import LaneSampler, sample_rows
@@ -176,20 +176,9 @@ class TickRunner(tick_runner.TickRunner):
     # ---- the step ---------------------------------------------------------------------------
 
     def _rows(self, active: list[Work], plan: TickPlan) -> list[_Row]:
-        limit = plan.step_tokens
-        room = self.step_tokens if limit <= 0 else min(self.step_tokens, limit)
         singles = [w for w in active if takes_one(w)]
         rows = [_Row(w, 1, self._draft(w, len(singles))) for w in singles]
-        for w in active:
-            if takes_one(w):
-                continue
-            if room <= 0:
-                break
-            count = min(len(w.feed), room)
-            if w.replay_from is not None:  # replayed tokens go one per step, as decoding fed them
-                count = min(count, w.replay_from - w.pos)
-            rows.append(_Row(w, count))
-            room -= count
+        rows += [_Row(w, count) for w, count in prefill_shares(active, plan, self.step_tokens)]
         offset = 0
         for row in rows:
             row.offset = offset

@@ -37,7 +37,7 @@ from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
-from superfluid.core.tick_runner import Work, takes_one, write_atomically
+from superfluid.core.tick_runner import Work, prefill_shares, takes_one, write_atomically
 
 from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
 from .sampling import LaneSampler
@@ -265,19 +265,7 @@ class TickRunner(tick_runner.TickRunner):
         """One step (MLX cannot abort one): single-token lanes batched, then prefill chunks."""
         t0 = time.perf_counter()
         singles = [w for w in active if takes_one(w)]
-        limit = plan.step_tokens
-        room = self.step_tokens if limit <= 0 else min(self.step_tokens, limit)
-        shares: list[tuple[Work, int]] = []
-        for w in active:
-            if takes_one(w):
-                continue
-            if room <= 0:
-                break
-            count = min(len(w.feed), room)
-            if w.replay_from is not None:  # replayed tokens go one per step, as decoding fed them
-                count = min(count, w.replay_from - w.pos)
-            shares.append((w, count))
-            room -= count
+        shares = prefill_shares(active, plan, self.step_tokens)
 
         pending: list[_Fed] = []
         if singles:
