@@ -18,7 +18,8 @@ ratio speculate/plain of those medians, with the acceptance rate (accepted/draft
 drafts per verify step (each verify step also emits the model's own next token) and whether the
 greedy tokens are identical with and without speculation (they must be: the verify keeps only
 what greedy decoding gives). Only the decode ticks are timed (the prefill tick is not);
-tok/s counts every lane's tokens from those ticks.
+tok/s counts every lane's tokens from those ticks. An untimed warm-up generation runs first, so
+first-call costs (allocator, thread pool) fall on neither side.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lanes = [tok(LANE_PROMPTS[i % len(LANE_PROMPTS)]) for i in range(args.lanes)]
     cases = {"(a) 1 lane, repetitive": [tok(REPETITIVE)], "(b) 1 lane, free-form": [tok(FREE_FORM)],
              f"(c) {args.lanes} lanes": lanes}
+    generate(make_runner(model, speculate=args.k), [tok(REPETITIVE)], 8, 8)  # warm-up: first-call costs
     results = {name: one_case(model, prompts, args.tokens, args.k, args.rounds, args.grant)
                for name, prompts in cases.items()}
 
