@@ -148,7 +148,7 @@ class BasertEngine(Engine):
             self._free()
             raise
         self.runner = TickRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
-                                 speculate=self.speculate, constrainer=self.constrainer, max_lanes=self.max_lanes)
+                                 speculate=self.speculate, constrainer=self.constrainer)
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
                  "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,

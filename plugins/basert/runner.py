@@ -72,8 +72,7 @@ class TickRunner(tick_runner.TickRunner):
     """basert's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag, *, device: torch.device,
-                 speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
-                 max_lanes: int = 8):
+                 speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP):
         super().__init__(stop_flag, pool.n_blocks * pool.block_size)
         self.model = model
         self.pool = pool

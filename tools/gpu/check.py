@@ -98,7 +98,7 @@ def run_paged(model, shape, device, dtype, lanes: int, prompt: int, reply: int, 
                    n_blocks=lanes * (-(-(prompt + reply + 32) // block)), block_size=block, dtype=dtype,
                    device=device, bits=kv_bits)
     runner = TickRunner(model, pool, set(), bytearray(3), device=device, speculate=speculate,
-                        step_tokens=max(512, min(8192, lanes * prompt)), max_lanes=lanes)
+                        step_tokens=max(512, min(8192, lanes * prompt)))
     feeds = prompts(lanes, prompt, shape.vocab_size)
     pos = {s: 0 for s in range(lanes)}
     last: dict[int, int] = {}
