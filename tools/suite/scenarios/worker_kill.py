@@ -41,14 +41,14 @@ async def _round(ctx, on_chunk=None):
 
 async def run(ctx) -> Outcome:
     p = ctx.p
-    reference = await _round(ctx)
-    if any(r.error for r in reference):
-        return Outcome(KEY, ctx.name, ERROR, f"undisturbed run failed: {[r.error for r in reference if r.error][0]}")
     health = (await ctx.get("/health")).body
     model = health["models"][MODEL_NAME]
     pid = model.get("worker_pid") or model.get("pid")
     if pid is None:  # basert runs in the daemon's own process
         raise Unsupported(f"engine {model.get('engine', '?')} runs in-process: no engine worker to kill")
+    reference = await _round(ctx)
+    if any(r.error for r in reference):
+        return Outcome(KEY, ctx.name, ERROR, f"undisturbed run failed: {[r.error for r in reference if r.error][0]}")
     restarts0 = model.get("restarts", 0)
     progress = {"chunks": 0}
     killed = asyncio.Event()
