@@ -187,6 +187,18 @@ class PagedKV:
     def used_blocks(self) -> int:
         return self.n_blocks - len(self._free)
 
+    def used_cells(self) -> int:
+        """Positions held, a shared page's counted once (a page holds as many as the slot that
+        fills it furthest): what the scheduler compares with the tokens it knows are cached."""
+        bs = self.block_size
+        fill: dict[int, int] = {}
+        for s in self._slots.values():
+            for i, block in enumerate(s.table):
+                n = min(bs, s.length - i * bs)
+                if n > fill.get(block, 0):
+                    fill[block] = n
+        return sum(fill.values())
+
     def free_blocks(self) -> int:
         return len(self._free)
 

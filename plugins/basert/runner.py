@@ -107,8 +107,9 @@ class TickRunner(tick_runner.TickRunner):
         self.pool.truncate(slot, pos)
 
     def kv_used(self, touched: set[int] = frozenset()) -> int:
-        """Cells in the pages slots hold (a shared page counts once)."""
-        return self.pool.used_blocks() * self.pool.block_size
+        """Positions the slots hold, a shared page's once (the pool's capacity is its pages'
+        cells, so a partly filled page shows as partly used)."""
+        return self.pool.used_cells()
 
     # ---- parked KV --------------------------------------------------------------------------
 
