@@ -9,7 +9,7 @@ a lane can be parked to host memory (``export``/``save``) and brought back (``lo
 
 Bookkeeping (tables, refcounts, the free list, hashes) is plain Python on the host; only the
 block contents live on the device. The step's attention is ``paged_attention.StepView``; the
-quantized storage is ``kv_quant.QuantBlocks``.
+quantized storage is ``kv_quant.QuantBlocks``, the full-width one and parked copies ``kv_blocks``.
 
 Call order per step: ``reserve(rows)`` (room, copy-on-write), ``begin_step(rows)``, the model's
 forward (``attend`` per layer), then ``note_tokens`` for the rows' token ids (before or after the
@@ -28,8 +28,9 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
+from .kv_blocks import DenseBlocks, ParkedKV, tensors_match
 from .kv_quant import QuantBlocks
-from .paged_attention import StepView, WritePlan
+from .paged_attention import StepView
 
 PARK_FORMAT = "basert-parked-kv/1"
 
@@ -47,71 +48,6 @@ def chain_hash(prev: int | None, tokens: list[int]) -> int:
         h.update(prev.to_bytes(8, "little"))
     h.update(array("q", tokens).tobytes())
     return int.from_bytes(h.digest(), "little")
-
-
-class DenseBlocks:
-    """The pool's storage in the compute dtype: ``data [n_layers, 2 (K, V), n_blocks,
-    block_size, n_kv_heads, head_dim]``. Rows are written in place; reads index the blocks."""
-
-    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.block_size = block_size
-        self.dtype = dtype
-        self.device = torch.device(device)
-        shape, _ = self.shapes(n_layers, n_kv_heads, head_dim, block_size, n_blocks, dtype)["data"]
-        self.data = torch.zeros(shape, dtype=dtype, device=self.device)
-
-    @staticmethod
-    def shapes(n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, n_blocks: int,
-               dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {"data": ((n_layers, 2, n_blocks, block_size, n_kv_heads, head_dim), dtype)}
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-    def write(self, layer: int, kv: int, plan: WritePlan, x: Tensor) -> None:
-        dst = self.data[layer, kv]
-        dst.view(-1, *dst.shape[-2:]).index_copy_(0, plan.flat, x.to(self.dtype))
-
-    def read(self, layer: int, kv: int, block_ids: Tensor) -> Tensor:
-        return self.data[layer, kv][block_ids]
-
-    def copy_block(self, src: int, dst: int) -> None:
-        self.data[:, :, dst] = self.data[:, :, src]
-
-    def export(self, blocks: list[int]) -> dict[str, Tensor]:
-        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        return {"data": self.data[:, :, idx].cpu()}
-
-    def load(self, blocks: list[int], tensors: dict[str, Tensor]) -> None:
-        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        self.data[:, :, idx] = tensors["data"].to(self.device)
-
-
-def _stored_shapes(meta: dict, n_blocks: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """What ``n_blocks`` blocks of a pool described by ``meta`` hold, per stored tensor."""
-    dtype = getattr(torch, meta["dtype"])
-    dims = (meta["n_layers"], meta["n_kv_heads"], meta["head_dim"], meta["block_size"], n_blocks,
-            dtype)
-    if meta["bits"] == 0:
-        return DenseBlocks.shapes(*dims)
-    return QuantBlocks.shapes(*dims, meta["bits"])
-
-
-@dataclass
-class ParkedKV:
-    """A slot's KV in host memory, in the pool's stored form (quantized stays quantized): the
-    blocks covering ``length`` positions, the noted tokens and the pool's geometry (``meta``)."""
-
-    length: int
-    tokens: list[int]
-    meta: dict
-    tensors: dict[str, Tensor] = field(repr=False)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
 
 
 @dataclass
@@ -405,7 +341,7 @@ class PagedKV:
         not, what it holds is replaced (its blocks count towards the room). False, changing
         nothing, if the geometry differs or the blocks cannot hold it."""
         n_blk = _ceil_div(parked.length, self.block_size)
-        if parked.meta != self.meta or not _tensors_match(parked, n_blk):
+        if parked.meta != self.meta or not tensors_match(parked, n_blk):
             return False
         held = self._slots.get(slot)
         freed = sum(1 for b in set(held.table) if self._ref[b] == 1) if held else 0
@@ -454,19 +390,8 @@ class PagedKV:
                 raise ValueError("bad meta")
             parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,
                               tensors=dict(tensors))
-            if not _tensors_match(parked, _ceil_div(length, meta["block_size"])):
+            if not tensors_match(parked, _ceil_div(length, meta["block_size"])):
                 raise ValueError("tensor shapes do not match the meta")
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed parked KV file: {e}") from e
         return parked
-
-
-def _tensors_match(parked: ParkedKV, n_blocks: int) -> bool:
-    try:
-        want = _stored_shapes(parked.meta, n_blocks)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return False
-    got = parked.tensors
-    return set(got) == set(want) and all(
-        isinstance(got[k], Tensor) and tuple(got[k].shape) == shape and got[k].dtype == dt
-        for k, (shape, dt) in want.items())

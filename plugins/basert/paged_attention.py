@@ -14,7 +14,7 @@ The math is plain ``torch.nn.functional.scaled_dot_product_attention`` on gather
 the same code runs on CPU, CUDA and MPS; a softcap (Gemma 2 style ``tanh(x / c) * c`` on the
 logits) needs the logits themselves, so it takes a manual softmax path instead.
 
-The store behind the blocks is duck-typed (``kv_pool.DenseBlocks`` or
+The store behind the blocks is duck-typed (``kv_blocks.DenseBlocks`` or
 ``kv_quant.QuantBlocks``): ``write(layer, kv, plan, x)`` and ``read(layer, kv, block_ids)``.
 """
 
