@@ -17,9 +17,11 @@ from typing import Callable
 import psutil
 import torch
 
+from superfluid.core.constrain import Constrainer
 from superfluid.core.engine import Engine, EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.plugins.vocab import HFVocab, open_vocab
+from superfluid.plugins.vocab.constraints import lltokenizer
 
 from . import model as models
 from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
@@ -141,9 +143,9 @@ class BasertEngine(Engine):
         try:
             self.model = models.load(self.path, name=self.name, device=self.device, dtype=self.dtype)
             self.pool = self._new_pool(self.model.shape)
-            from superfluid.plugins.vocab.constraints import VocabConstrainer
-
-            self.constrainer = VocabConstrainer(self.path, self.model.shape.vocab_size, self.vocab.eog)
+            # in-process: the daemon's own vocabulary serves the token masks too (no second load)
+            n_vocab = self.model.shape.vocab_size
+            self.constrainer = Constrainer(lltokenizer(self.vocab, n_vocab), n_vocab, tuple(sorted(self.vocab.eog)))
         except BaseException:
             self._free()
             raise
@@ -183,9 +185,7 @@ class BasertEngine(Engine):
         self.runner = None
         self.pool = None
         self.model = None
-        if self.constrainer is not None:
-            self.constrainer.close()
-            self.constrainer = None
+        self.constrainer = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

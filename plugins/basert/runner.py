@@ -93,7 +93,6 @@ class TickRunner(tick_runner.TickRunner):
 
     def copy(self, src: int, dst: int, pos: int) -> None:
         """``dst`` shares ``src``'s pages up to ``pos`` (copy-on-write for a partial last page)."""
-        self.pool.clear(dst)
         self.pool.share(src, dst, pos)
 
     def keep_prefix(self, slot: int, pos: int) -> bool:
@@ -221,7 +220,7 @@ class TickRunner(tick_runner.TickRunner):
                 n = rows[i].width
                 greedy[i] = argmax[at:at + n]
                 at += n
-        to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft and not r.work.embed]
+        to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft]  # (an embedding lane samples nothing)
         drawn = {}
         if to_sample:
             picks = sample_rows(torch.cat([row_logits[i][-1:] for i in to_sample]),

@@ -31,9 +31,7 @@ def propose(history: Sequence[int], k: int, *, ngram_max: int = 3, ngram_min: in
 
     Cost: one vectorized numpy pass over the history (positions where its last token occurs),
     then narrowing those candidates one token further back per n-gram length; for a list the
-    conversion to an array dominates (~0.2 ms for 8k tokens). A numpy array is used as it is;
-    a runner that keeps the history in one (or uses :class:`NgramIndex`, O(ngram_max) a token)
-    avoids the conversion."""
+    conversion to an array dominates (~0.2 ms for 8k tokens). A numpy array is used as it is."""
     if k <= 0 or ngram_max < 1:
         return []
     seq = history if isinstance(history, np.ndarray) else np.fromiter(history, dtype=np.int64, count=len(history))
@@ -57,39 +55,6 @@ def propose(history: Sequence[int], k: int, *, ngram_max: int = 3, ngram_min: in
     if best is None:
         return []
     return [int(t) for t in seq[best + 1:best + 1 + k]]
-
-
-class NgramIndex:
-    """:func:`propose` kept incrementally for one lane: a map from every n-gram (1..``ngram_max``
-    tokens) to where it last ended, updated as tokens arrive, so a proposal costs O(ngram_max + k)
-    whatever the history's length. Same answers as :func:`propose` on the same history.
-
-    An n-gram is indexed only once a token follows it, so the history's own suffix is never its
-    own "earlier occurrence"."""
-
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
-        self.ngram_max = ngram_max
-        self.ngram_min = max(1, ngram_min)
-        self.tokens: list[int] = []
-        self._last: dict[tuple[int, ...], int] = {}
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        for token in tokens:
-            end = len(self.tokens) - 1  # n-grams ending here now have a follower
-            if end >= 0:
-                for n in range(1, min(self.ngram_max, end + 1) + 1):
-                    self._last[tuple(self.tokens[end - n + 1:end + 1])] = end
-            self.tokens.append(int(token))
-
-    def propose(self, k: int) -> list[int]:
-        if k <= 0:
-            return []
-        size = len(self.tokens)
-        for n in range(min(self.ngram_max, size), self.ngram_min - 1, -1):
-            end = self._last.get(tuple(self.tokens[size - n:]))
-            if end is not None:
-                return self.tokens[end + 1:end + 1 + k]
-        return []
 
 
 def verify_greedy(draft: list[int], greedy_tokens: list[int]) -> list[int]:

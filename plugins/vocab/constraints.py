@@ -27,13 +27,13 @@ class VocabConstrainer(Constrainer):
         """``n_vocab``: the length of the model's logits row (None: the vocabulary's size)."""
         self.vocab = open_vocab(path, "constraints")
         n_vocab = n_vocab or self.vocab.n_vocab
-        super().__init__(_lltokenizer(self.vocab, n_vocab), n_vocab, tuple(sorted(eog)))
+        super().__init__(lltokenizer(self.vocab, n_vocab), n_vocab, tuple(sorted(eog)))
 
     def close(self) -> None:
         self.vocab.close()
 
 
-def _lltokenizer(vocab: GGUFVocab | HFVocab, n_vocab: int):
+def lltokenizer(vocab: GGUFVocab | HFVocab, n_vocab: int):
     """llguidance's tokenizer for a vocabulary, its rows padded to ``n_vocab`` (the logits row:
     a model may have more rows than tokens)."""
     if isinstance(vocab, HFVocab):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from superfluid.plugins.basert.speculate import Gate, NgramIndex, propose, verify_greedy
+from superfluid.plugins.basert.speculate import Gate, propose, verify_greedy
 
 
 @pytest.mark.parametrize("history, k, want", [
@@ -25,9 +25,6 @@ from superfluid.plugins.basert.speculate import Gate, NgramIndex, propose, verif
 def test_propose_drafts_what_followed_the_longest_most_recent_match(history, k, want):
     assert propose(history, k) == want
     assert propose(np.asarray(history, dtype=np.int64), k) == want
-    index = NgramIndex()
-    index.extend(history)
-    assert index.propose(k) == want
 
 
 def test_propose_respects_the_ngram_bounds():
@@ -37,35 +34,21 @@ def test_propose_respects_the_ngram_bounds():
     assert propose([1, 2, 3], 0) == []
 
 
-def test_the_incremental_index_gives_the_same_drafts_as_the_scan():
-    rng = np.random.default_rng(0)
-    for trial in range(200):
-        history = rng.integers(0, 6, size=int(rng.integers(1, 60))).tolist()
-        index = NgramIndex(ngram_max=3)
-        for cut in range(1, len(history) + 1):
-            index.extend(history[cut - 1:cut])
-            assert index.propose(4) == propose(history[:cut], 4), (history[:cut])
-
-
 def test_propose_is_cheap_on_an_8k_history(capsys):
     rng = np.random.default_rng(1)
     history = rng.integers(0, 50_000, size=8192).tolist()
     history += history[1000:1003]  # a match to find
     array = np.asarray(history, dtype=np.int64)
-    index = NgramIndex()
-    index.extend(history)
     timings = {}
-    for name, call in [("list", lambda: propose(history, 4)), ("array", lambda: propose(array, 4)),
-                       ("index", lambda: index.propose(4))]:
+    for name, call in [("list", lambda: propose(history, 4)), ("array", lambda: propose(array, 4))]:
         assert call() == history[1003:1007]
         start = time.perf_counter()
         for _ in range(200):
             call()
         timings[name] = (time.perf_counter() - start) / 200 * 1e6
     with capsys.disabled():
-        print(f"\npropose on 8k tokens: {timings['list']:.0f} us (list), {timings['array']:.0f} us (array), "
-              f"{timings['index']:.1f} us (incremental index)")
-    assert timings["array"] < 1000 and timings["index"] < 100  # loose: a shared CI machine
+        print(f"\npropose on 8k tokens: {timings['list']:.0f} us (list), {timings['array']:.0f} us (array)")
+    assert timings["array"] < 1000  # loose: a shared CI machine
 
 
 @pytest.mark.parametrize("draft, greedy, want", [
