@@ -16,13 +16,23 @@ fi
 [[ -n "$PY" ]] || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 stamp=.venv/.superfluid-installed
-want="$(cat pyproject.toml setup.py plugins/llamacpp/_rounds.c | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py plugins/llamacpp/_rounds.c examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 'import superfluid.core, llama_cpp' 2>/dev/null; then
     echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes)" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip
     # basert's PyTorch first, pinned: an unpinned torch (or a range admitting a newer release)
     # pulls a CUDA build of several GB; 2.13.0 is the CPU build this machine's index serves
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite,basert]"
+    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite,basert,fleet]"
+    # the plugin kit's examples, installed as a third party would install them (entry points)
+    .venv/bin/python -m pip install --quiet -e examples/fair-share -e examples/echo-engine
     echo "$want" > "$stamp"
+fi
+# The dashboard's browser test drives Debian's Chromium (playwright with executable_path).
+if ! command -v chromium >/dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's chromium for the dashboard's browser test" >&2
+    if ! apt-get install -y -q chromium >/dev/null 2>&1; then
+        apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1 || \
+            echo "setup: chromium could not be installed; the dashboard's browser test will fail" >&2
+    fi
 fi

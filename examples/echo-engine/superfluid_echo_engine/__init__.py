@@ -1,0 +1,1 @@
+"""Echo engine (placeholder until the example lands)."""

@@ -1,0 +1,1 @@
+"""Fair-share admission (placeholder until the example lands)."""
