@@ -95,6 +95,7 @@ _COMMON = {
     "ignore_eos": _nullable(_BOOL),
     "logprobs": _nullable({"enum": [False, 0], "description": "/infill: none"}),
     "cache_prompt": _nullable({**_BOOL, "description": "false: prefill the whole prompt"}),
+    "superfluid": _nullable(_obj({"qos": _nullable(_str(enum=sorted(qos_classes.ALIASES)))}, closed=True)),
     **_SAMPLING,
 }
 

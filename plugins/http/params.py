@@ -16,7 +16,7 @@ from .limits import LIMITS, STOP_CAP, Limits
 _SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty"}
 _COMMON = {"model", "max_tokens", "stream", "stream_options", "stop", "n", "user", "logit_bias",
-           "ignore_eos", "logprobs", "cache_prompt"} | _SAMPLING
+           "ignore_eos", "logprobs", "cache_prompt", "superfluid"} | _SAMPLING
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
                          "tools", "tool_choice", "parallel_tool_calls", "service_tier", "store",
                          "metadata", "stream_options", "reasoning_effort", "safety_identifier",

@@ -11,6 +11,7 @@ from typing import Callable
 
 import attrs
 
+from superfluid.core import qos as qos_classes
 from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.request import Request, new_request_id
@@ -52,10 +53,41 @@ class Prepared:
         return self.requests[0].sink
 
 
-def request_class(request, config) -> str:
-    """The QoS class a request gets: the header's, if honoured, else the default; with a key
-    policy the key's class is both the default and the ceiling (see :func:`.auth.applied_class`)."""
-    return applied_class(request, config)
+EXTENSION_FIELD = "superfluid"  # the body's extension object: {"qos": CLASS}
+EXTENSION_KEYS = {"qos"}
+
+
+def body_class(body: dict, config) -> str | None:
+    """The class the body's ``superfluid`` extension object asks for (``{"qos": "batch"}``), or
+    None. It says what the ``x-superfluid-qos`` header says, in the body, where a gateway that
+    drops unknown headers (SMG, so ``superfluid fleet``) still carries it; honoured under the
+    same switch as the header (``--no-http-qos-header`` ignores both), and it wins over the
+    header when both are sent."""
+    ext = body.get(EXTENSION_FIELD)
+    if ext is None:
+        return None
+    if not isinstance(ext, dict):
+        raise InvalidRequest(f"{EXTENSION_FIELD} must be an object", param=EXTENSION_FIELD, code="invalid_type")
+    unknown = sorted(set(ext) - EXTENSION_KEYS)
+    if unknown:
+        raise InvalidRequest(f"Unrecognized {EXTENSION_FIELD} field: {', '.join(unknown)}",
+                             param=f"{EXTENSION_FIELD}.{unknown[0]}", code="unknown_parameter")
+    qos = ext.get("qos")
+    if qos is None:
+        return None
+    if not isinstance(qos, str):
+        raise InvalidRequest(f"{EXTENSION_FIELD}.qos must be a string", param=f"{EXTENSION_FIELD}.qos",
+                             code="invalid_type")
+    cls = qos_classes.resolve(qos, param=f"{EXTENSION_FIELD}.qos")  # validated even when not honoured
+    return cls if config["http-qos-header"] else None
+
+
+def request_class(request, config, body: dict | None = None) -> str:
+    """The QoS class a request gets: the body's ``superfluid.qos`` or the header's, if honoured,
+    else the default; with a key policy the key's class is both the default and the ceiling (see
+    :func:`.auth.applied_class`)."""
+    asked = body_class(body, config) if body is not None else None
+    return applied_class(request, config, asked=asked)
 
 
 def batch_invariant(request, config) -> bool:
@@ -217,7 +249,7 @@ class Preparer:
             response_format.enforceable(sampling)
         stop = params.stop_strings(body) + tools.stop
         ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
-        cls = request_class(request, self.config)  # the header is validated also when overridden
+        cls = request_class(request, self.config, body)  # the header is validated also when overridden
         if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
             cls = applied_class(request, self.config, asked=FIM_CLASS if qos is None else qos)
         note_class(request, cls)
@@ -227,7 +259,7 @@ class Preparer:
             ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
             qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
             prompt_logprobs=asked.logprobs if asked.echo else None,
-            arrived=arrived, meta=_meta(kind, fim, sampling, tools))
+            arrived=arrived, meta=_meta(kind, fim, sampling, tools, _tenant(key, body)))
         requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
         echo = _echo_text(runtime, tokens) if asked.echo else None
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
@@ -285,13 +317,24 @@ def _sibling(first: Request, bridge, index: int) -> Request:
                         prompt_logprobs=None, meta={**first.meta, "choice": index})
 
 
-def _meta(kind: str, fim: bool, sampling, tools: ToolPlan) -> dict:
+def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = None) -> dict:
     """The Request's notes for the scheduler: a chat's prompt is its messages; a constraint the
-    scheduler finds it cannot enforce came from this field."""
+    scheduler finds it cannot enforce came from this field; ``tenant`` (the API key's name, else
+    the body's ``user``) is whom the request is for, for a policy that shares lanes fairly."""
     meta = {"chat": kind == "chat", "fim": fim}
+    if tenant is not None:
+        meta["tenant"] = tenant
     if sampling.constrained:
         meta["constraint_param"] = "tools" if tools.constraint is not None else "response_format"
     return meta
+
+
+def _tenant(key, body: dict) -> str | None:
+    """Whom a request is for: its API key's name under a key policy, else the body's ``user``."""
+    if key is not None:
+        return f"key:{key.name}"
+    user = params.text(body, "user")
+    return f"user:{user}" if user else None
 
 
 def _echo_text(runtime, tokens: list[int]) -> str:

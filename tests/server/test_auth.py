@@ -189,6 +189,21 @@ def test_the_header_may_lower_a_class_never_raise_it(keyed):
     assert headers["x-superfluid-qos"] == "agent"
 
 
+def test_the_body_field_asks_for_a_class_as_the_header_does(keyed):
+    """``superfluid: {"qos": …}`` (what a gateway that drops unknown headers still carries):
+    capped at the key's class like the header, and it wins over the header."""
+    status, headers, body = chat(keyed, key="user", superfluid={"qos": "interactive"})
+    assert status == 200 and headers["x-superfluid-qos"] == "agent", body
+    status, headers, _ = chat(keyed, key="top", superfluid={"qos": "background"})
+    assert status == 200 and headers["x-superfluid-qos"] == "background"
+    status, headers, _ = chat(keyed, key="top", headers={"x-superfluid-qos": "agent"}, superfluid={"qos": "completion"})
+    assert status == 200 and headers["x-superfluid-qos"] == "completion"
+    for bad, code in (({"qos": "urgent"}, "invalid_qos_class"), ({"qos": 3}, "invalid_type"),
+                      ("interactive", "invalid_type"), ({"class": "agent"}, "unknown_parameter")):
+        status, _, err = chat(keyed, key="top", superfluid=bad)
+        assert status == 400 and error(err)["code"] == code, (bad, err)
+
+
 def test_a_streamed_reply_names_its_class(keyed):
     data = json.dumps({"model": "smollm2", "messages": ASK, "max_tokens": 2, "stream": True}).encode()
     req = urllib.request.Request(keyed.base + "/v1/chat/completions", data=data, method="POST", headers={
