@@ -24,7 +24,8 @@ REQUIRED_HOOKS = ("superfluid_pick_next", "superfluid_choose_victim", "superflui
 def check_required_hooks(pm: pluggy.PluginManager) -> None:
     """Refuse to start without a plugin for each decision a model needs (a clear error now
     rather than a failed first tick)."""
-    missing = [name for name in REQUIRED_HOOKS if not getattr(pm.hook, name).get_hookimpls()]
+    missing = [name for name in REQUIRED_HOOKS  # a wrapper (fair-share's) only adjusts an answer
+               if not any(not (i.wrapper or i.hookwrapper) for i in getattr(pm.hook, name).get_hookimpls())]
     if missing:
         raise ConfigError(f"no plugin implements {', '.join(missing)}: the built-in qos plugin provides "
                           "them; is it installed, or disabled in the configuration's plugins?")
