@@ -4,7 +4,12 @@ park artifacts, and the pool's pressure (watermarks, refused plans, the OS's).
 It answers the scheduler (which slot, which seed, which lanes to give up) and queues the engine
 operations those answers need (park, load, save, drop, release) until the next plan carries
 them. It never calls back into the scheduler: lanes it names are preempted or failed there.
-``core/prefix.py`` holds the data structures it keeps."""
+``core/prefix.py`` holds the data structures it keeps.
+
+It also reports what the prefix cache holds as it changes (:class:`CacheEvent`, handed to
+observers with each tick's stats), so a plugin can tell a router which prefixes this node has
+(KV events for llm-d). Reporting costs one small object per change and never copies tokens: the
+work of turning them into blocks and hashes is the observer's, off the model's thread."""
 
 from __future__ import annotations
 
@@ -31,6 +36,64 @@ HOST_PAUSE_S = 30.0  # after OS pressure, nothing moves to host memory for this 
 POOL_STUCK_TICKS = 3  # refused plans in a row without progress before the newest lane fails
 
 
+@attrs.define(frozen=True)
+class CacheEvent:
+    """One change in what the prefix cache holds, engine-agnostic.
+
+    ``kind`` is "stored" (``holder`` now holds ``tokens[:length]``, replacing what it held),
+    "removed" (``holder`` holds nothing) or "cleared" (every holder of ``medium`` holds nothing;
+    ``medium`` None: of both media: the engine lost its KV). ``medium`` is "gpu" for the KV pool
+    (a free slot's cached prefix, or the prefix a lane was seeded with while it runs) and "cpu"
+    for the host tier. ``holder`` is the slot number or the host tier's key. ``tokens`` is a
+    reference, never a copy: the core only appends to a lane's tokens and never changes a cached
+    token list, so ``tokens[:length]`` stays what was held."""
+
+    kind: str
+    medium: str | None
+    holder: int | str | None = None
+    tokens: list[int] = attrs.field(factory=list)
+    length: int = 0
+
+
+class ReportingHostTier(HostTier):
+    """The host tier, reporting each entry it gains or loses as a :class:`CacheEvent`: entries
+    come from evictions and from park artifacts loaded back (``core/artifacts.py``), and go by
+    LRU, by failed parks, by failed seeds and by OS pressure."""
+
+    def __init__(self, limit_bytes: int, events: list[CacheEvent]):
+        super().__init__(limit_bytes)
+        self.events = events
+
+    def add(self, tokens: list[int], force: bool = False) -> str | None:
+        key = super().add(tokens, force)
+        if key is not None:
+            self.events.append(CacheEvent("stored", "cpu", key, tokens, len(tokens)))
+        return key
+
+    def parked(self, key: str, size: int) -> None:
+        n = len(self)
+        super().parked(key, size)
+        if len(self) < n:  # the engine could not park it
+            self.events.append(CacheEvent("removed", "cpu", key))
+
+    def remove(self, key: str) -> None:
+        n = len(self)
+        super().remove(key)
+        if len(self) < n:
+            self.events.append(CacheEvent("removed", "cpu", key))
+
+    def trim(self) -> list[str]:
+        dropped = super().trim()
+        self.events.extend(CacheEvent("removed", "cpu", key) for key in dropped)
+        return dropped
+
+    def clear(self) -> list[str]:
+        keys = super().clear()
+        if keys:
+            self.events.append(CacheEvent("cleared", "cpu"))
+        return keys
+
+
 @attrs.define
 class PoolVerdict:
     """What to do after the KV pool refused a plan: lanes to requeue, or one to fail."""
@@ -47,7 +110,8 @@ class KVManager:
         self.free = list(range(settings.max_batch - 1, -1, -1))
         self.pins = [list(p) for p in settings.pinned_tokens]
         self.cache = SlotCache(self.pins)
-        self.host = HostTier(settings.host_cache_bytes)
+        self.cache_events: list[CacheEvent] = []  # since the last tick's stats
+        self.host = ReportingHostTier(settings.host_cache_bytes, self.cache_events)
         self.used, self.capacity, self.parked_bytes = 0, 0, 0
         # engine operations for the next plan
         self._release: list[int] = []
@@ -149,6 +213,10 @@ class KVManager:
             self._parked.pop(lane.parked, None)
             lane.seed, lane.n_cached = Seed(key=lane.parked), lane.parked_tokens
             lane.parked = None
+        if lane.n_cached:  # the slot holds the seed's tokens (a cached prefix cut in place, or a copy)
+            self._held(slot, lane.tokens, lane.n_cached)
+        elif old:
+            self._report("removed", slot)
         return slot
 
     def _best_seed(self, lane: Lane, free: list[int], busy: list[int] | None,
@@ -198,11 +266,13 @@ class KVManager:
             if other is not lane and other.needs_reset and other.seed.slot == slot:
                 other.n_reused = max(0, other.n_reused - other.n_cached)
                 other.n_cached, other.seed = 0, OWN
+                self._report("removed", other.slot)
         lane.n_cached = 0
         lane.seed = OWN
         self.free.append(slot)
         self._release.append(slot)
         self.cache.forget(slot)
+        self._report("removed", slot)
         lane.slot = None
 
     def release(self, lane: Lane, keep_kv: bool) -> None:
@@ -212,10 +282,13 @@ class KVManager:
             return
         self.free.append(lane.slot)
         if keep_kv and self.caps.prefix_cache and not lane.needs_reset:
-            self.cache.store(lane.slot, lane.tokens[:lane.n_cached])
+            tokens = lane.tokens[:lane.n_cached]
+            self.cache.store(lane.slot, tokens)
+            self._held(lane.slot, tokens, len(tokens))
         else:
             self.cache.forget(lane.slot)
             self._release.append(lane.slot)
+            self._report("removed", lane.slot)
         lane.slot = None
 
     def forget_parked(self, lane: Lane) -> None:
@@ -234,6 +307,8 @@ class KVManager:
             self.host.remove(seed.key)
             self._drop_parked.append(seed.key)
         lane.n_cached, lane.needs_reset = 0, True
+        if lane.slot is not None:
+            self._report("removed", lane.slot)
 
     # ---- after a tick -----------------------------------------------------------------------
 
@@ -322,6 +397,7 @@ class KVManager:
         for slot in slots:
             self.cache.forget(slot)
             self._release.append(slot)
+            self._report("removed", slot)
         if slots:
             self._count("os_pressure", len(slots))
 
@@ -333,6 +409,7 @@ class KVManager:
         self.cache = SlotCache(self.pins)
         self.artifacts.forget()
         self._drop_parked.extend(self.host.clear())
+        self.cache_events.append(CacheEvent("cleared", None))
         for lane in queue:
             self.forget_parked(lane)
             lane.parked_tokens = 0
@@ -358,6 +435,7 @@ class KVManager:
         self._evict_to_host(slot, tokens, reason)
         self.cache.forget(slot)
         self._release.append(slot)
+        self._report("removed", slot)
         return len(tokens)
 
     def _evict_to_host(self, slot: int, tokens: list[int], reason: str) -> None:
@@ -368,6 +446,20 @@ class KVManager:
 
     def _count(self, reason: str, n: int = 1) -> None:
         self.evictions[reason] = self.evictions.get(reason, 0) + n
+
+    def _held(self, slot: int, tokens: list[int], length: int) -> None:
+        self.cache_events.append(CacheEvent("stored", "gpu", slot, tokens, length))
+
+    def _report(self, kind: str, slot: int) -> None:
+        self.cache_events.append(CacheEvent(kind, "gpu", slot))
+
+    def take_cache_events(self) -> list[CacheEvent]:
+        """What the prefix cache stored, removed or cleared since the last call, in order."""
+        if not self.cache_events:
+            return []
+        out = list(self.cache_events)
+        self.cache_events.clear()  # the same list: the host tier appends to it
+        return out
 
     def take_counters(self) -> tuple[dict[str, int], int, int, int]:
         """(evictions by reason, cache hits, hit tokens, refused plans) since the last call."""

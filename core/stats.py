@@ -47,6 +47,9 @@ class TickStats:
     drafted_tokens: int = 0     # speculative decoding: tokens drafted for verification this tick
     accepted_tokens: int = 0    # of those, the ones the model accepted
     verify_steps: int = 0       # steps that verified at least one draft
+    # what the prefix cache stored, removed or cleared since the last tick, in order
+    # (core.kv.CacheEvent: references to token lists, never copies; KV events are built from it)
+    cache_events: list = attrs.field(factory=list)
 
 
 def count_by_class(lanes: list[Lane]) -> dict[str, int]:
