@@ -17,6 +17,9 @@ class InfoRoutes:
         self.daemon = daemon
         self.started = int(time.time())
         self._document: dict | None = None  # built on first request
+        # the model-server gauges, read at scrape time; cells count in blocks of KV events' size
+        config = getattr(daemon, "config", None)
+        METRICS.serve_models(lambda: daemon.models, config.get("kv-events-block-size") if config else None)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)

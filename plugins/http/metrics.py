@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from superfluid.core import qos as qos_classes
 
+from .model_server_metrics import ModelServerGauges
+
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0)
 # what authentication and the key limits add to a request: tens of microseconds (10 µs … 10 ms), 1 ms the bound
 AUTH_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
@@ -96,6 +98,10 @@ class Metrics:
                                       "authentication and its key's limits (identify, class ceiling, "
                                       "limiter admit + release + headers), summed per request",
                                       buckets=AUTH_BUCKETS, registry=r)
+        # the model-server protocol's gauges (queued, running, KV use, cache layout), read at scrape
+        # time for Kubernetes' inference gateway: model_server_metrics.py
+        self.model_server = ModelServerGauges()
+        r.register(self.model_server)
         self._children: dict[tuple, object] = {}
         self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
 
@@ -127,7 +133,12 @@ class Metrics:
         if totals[2]:
             self._set(self.spec_per_step, (model,), totals[1] / totals[2])
 
+    def serve_models(self, models, cell_block: int | None = None) -> None:
+        """Report the model-server gauges for the models ``models()`` returns (the daemon's)."""
+        self.model_server.serve(models, cell_block)
+
     def tick_done(self, model: str, stats) -> None:
+        self.model_server.tick_done(model, stats)
         self._child(self.ticks, model).inc()
         self._child(self.tick_seconds, model).observe(stats.seconds)
         if stats.quiet:
