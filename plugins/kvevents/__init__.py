@@ -1,2 +1,50 @@
-"""KV events (``--kv-events tcp://…``) for llm-d's precise prefix scorer (placeholder until the
-publisher lands)."""
+"""KV events (``--kv-events tcp://…``, off by default): the prefix cache's blocks published in
+vLLM's KV-event format over ZMQ, so that llm-d's precise prefix-cache scorer can score this node
+like a vLLM pod.
+
+How the block hashes relate to the scorer. llm-d-kv-cache (``pkg/kvevents/pool.go``, checked at
+its June 2026 tree) does not use an engine's block hashes as its index keys: for each
+``BlockStored`` it recomputes its own keys from the event's ``token_ids`` (``pkg/kvcache/kvblock/
+token_processor.go``: chunks of ``blockSizeTokens`` tokens, default 16, each key FNV-64a over the
+canonical CBOR of [parent key, chunk, extra], chained from a seed of ``hashSeed`` and the model
+name), chaining on the key it recorded for the event's ``parent_block_hash``. The engine's hashes
+are only names it maps to those keys, to resolve later parents and ``BlockRemoved``. So ours must
+be stable, 64-bit, never 0, chained (a block's name depends on every token before it) and
+published before a block names them as parent; the ``token_ids`` must be exactly the cached
+tokens of each full block; and ``--kv-events-block-size`` must equal the scorer's
+``blockSizeTokens``. ``blocks.py`` says how they are computed; ``wire.py`` the message layout;
+``publisher.py`` the socket and the topic."""
+
+from __future__ import annotations
+
+from superfluid.core.config import Option, in_range
+from superfluid.core.hookspecs import hookimpl
+
+from .endpoint import DEFAULT_TOPIC, check_endpoint, check_topic
+from .wire import ENCODINGS
+
+
+@hookimpl
+def superfluid_add_config(schema):
+    schema.add(Option("kv-events", str, "", "publish the prefix cache's blocks as vLLM KV events on a ZMQ "
+                      "PUB socket for llm-d's precise prefix scorer: tcp://*:5557 binds (the indexer "
+                      "connects), tcp://HOST:PORT connects to an indexer that binds (default: off)",
+                      check_endpoint, metavar="ENDPOINT"))
+    schema.add(Option("kv-events-topic", str, DEFAULT_TOPIC, "the ZMQ topic of each model's events; "
+                      "{host} and {port} are --host (a wildcard: this machine's address) and --port, "
+                      "{model} the model's name (llm-d expects kv@POD-IP:PORT@MODEL)", check_topic,
+                      metavar="TOPIC"))
+    schema.add(Option("kv-events-block-size", int, 16, "tokens per published block (the scorer's "
+                      "blockSizeTokens); a partial last block is not published", in_range(1, 4096),
+                      metavar="N"))
+    schema.add(Option("kv-events-encoding", str, "array", "how each event is encoded: array (positional, "
+                      "as vLLM before June 2026; every llm-d-kv-cache release reads it) or map (named "
+                      "fields, as vLLM since)",
+                      lambda v: None if v in ENCODINGS else "must be array or map", metavar="ENCODING"))
+
+
+@hookimpl
+def superfluid_add_frontends(register, config, daemon):
+    if config.get("kv-events"):
+        from .publisher import KVEventsFrontend
+        register(KVEventsFrontend(daemon, config))
