@@ -1,0 +1,192 @@
+"""SMG, the fleet's data plane: started, watched and restarted by the head.
+
+SMG (Shepherd Model Gateway) routes each OpenAI request to a node by its policy (cache_aware by
+default), by ``model`` (it learns each node's models from its ``/v1/models``: a node gets only
+requests for its own models, an unknown model is SMG's 404 ``model_not_found``), retries a
+non-streamed request on another node when its node fails, and ends a stream cut by a dying node
+with an SSE error event and ``[DONE]``. It runs in its HTTP ("regular") router mode, not
+``--backend openai`` (that mode proxies chat only and does not route by model).
+
+The node list reaches SMG through its own file discovery: the head writes SMG's manifest
+(``{"version": 1, "workers": [{"url": ...}]}``) with the nodes whose ``/health`` answers, and SMG
+rereads it when it changes (see :mod:`.nodes` for why only healthy ones). The manifest outlives
+an SMG restart, so a restarted SMG comes back with the same nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+log = logging.getLogger("superfluid.fleet.smg")
+
+RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... consecutive quick death
+STABLE_S = 30.0  # an SMG that ran this long resets the backoff
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Smg:
+    """One supervised ``smg launch`` on 127.0.0.1."""
+
+    def __init__(self, policy: str, port: int = 0, log_level: str = "info"):
+        self.policy = policy
+        self.port = port or free_port()
+        self.metrics_port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_level = log_level
+        self._dir = tempfile.mkdtemp(prefix="superfluid-fleet-")
+        self.manifest = os.path.join(self._dir, "workers.json")
+        self.write_manifest([])
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.up = False  # SMG's own /health answered at the last check
+        self.workers: dict[str, dict] = {}  # node URL -> SMG's /workers entry
+        self.last_error: str | None = None
+        self.ready = asyncio.Event()  # set while SMG answers
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._session: aiohttp.ClientSession | None = None
+
+    def argv(self) -> list[str]:
+        smg_level = {"debug": "info", "info": "error", "warning": "error", "error": "error"}[self.log_level]
+        return [sys.executable, "-m", "smg", "launch",
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--policy", self.policy,
+                "--discovery-provider", "file", "--discovery-file", self.manifest,
+                "--discovery-check-interval-secs", "1",
+                # SMG's own health checks catch a dead node between two of the head's polls
+                "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
+                "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+                "--shutdown-grace-period-secs", "5",
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+                "--log-level", smg_level]
+
+    def write_manifest(self, urls: list[str]) -> None:
+        """Atomically replace SMG's manifest (SMG rereads it on change)."""
+        tmp = self.manifest + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"version": 1, "workers": [{"url": u} for u in urls]}, fh)
+        os.replace(tmp, self.manifest)
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        self._spawn()
+        self._task = asyncio.create_task(self._supervise(), name="fleet-smg")
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+        log.info("SMG started (pid %d) on %s, policy %s", self.proc.pid, self.base, self.policy)
+
+    async def _supervise(self) -> None:
+        quick_deaths = 0
+        while not self._stopping:
+            await asyncio.sleep(0.5)
+            code = self.proc.poll()
+            if code is None:
+                await self._check()
+                continue
+            if self._stopping:
+                break
+            self._set_down(f"SMG exited with status {code}")
+            ran = time.monotonic() - self.started_at
+            quick_deaths = 0 if ran >= STABLE_S else quick_deaths + 1
+            delay = RESTART_BACKOFF_S[min(quick_deaths, len(RESTART_BACKOFF_S) - 1)]
+            self.restarts += 1
+            log.warning("SMG (pid %d) exited with status %s after %.1f s; restarting it in %.1f s (restart %d)",
+                        self.proc.pid, code, ran, delay, self.restarts)
+            await asyncio.sleep(delay)
+            if not self._stopping:
+                self._spawn()
+
+    async def _check(self) -> None:
+        """SMG's /health and its worker list (which nodes it routes to, and their state)."""
+        try:
+            async with self._session.get(self.base + "/health") as resp:
+                ok = resp.status == 200
+            async with self._session.get(self.base + "/workers") as resp:
+                data = await resp.json(content_type=None)
+            self.workers = {w.get("url"): w for w in data.get("workers", []) if isinstance(w, dict)}
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as exc:
+            self._set_down(f"{type(exc).__name__}: {exc}")
+            return
+        if ok and not self.up:
+            log.info("SMG is up on %s", self.base)
+        self.up = ok
+        self.last_error = None if ok else "SMG /health did not answer 200"
+        if ok:
+            self.ready.set()
+        else:
+            self.ready.clear()
+
+    def _set_down(self, error: str) -> None:
+        if self.up:
+            log.warning("SMG is down: %s", error)
+        self.up = False
+        self.last_error = error
+        self.workers = {}
+        self.ready.clear()
+
+    def routable(self, url: str) -> bool:
+        w = self.workers.get(url)
+        return bool(w and w.get("is_healthy") and w.get("status", "ready") == "ready")
+
+    async def wait_ready(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def metrics_text(self) -> str | None:
+        try:
+            async with self._session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as resp:
+                return await resp.text() if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                for _ in range(50):
+                    if self.proc.poll() is not None:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
+        if self._session is not None:
+            await self._session.close()
+        for name in (self.manifest, self.manifest + ".tmp"):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
