@@ -46,6 +46,10 @@ def test_node_state_reads_smg_workers_and_fleet_nodes():
     assert node_state({"nodes": {"http://a:1": {"healthy": True}, "http://b:2": "down"}}, "http://b:2") is False
     assert node_state({"nodes": [{"url": "http://a:1", "status": "ok"}]}, "http://a:1") is True
     assert node_state("OK", "http://a:1") is None
+    head = {"status": "ok", "nodes": {"http://a:1": {"url": "http://a:1", "state": "unhealthy", "routed": True},
+                                      "http://b:2": {"url": "http://b:2", "state": "unknown", "routed": False}}}
+    assert node_state(head, "http://a:1") is False and node_state(head, "http://a:1", "routed") is True
+    assert node_state(head, "http://b:2") is None and node_state(head, "http://b:2", "routed") is False
 
 
 def test_metric_sums_add_labels_up():
@@ -100,11 +104,13 @@ def test_report_from_a_canned_run():
                      "goal": 0.5},
         "kill": {"burst": 30, "streamed": 15, "max_tokens": 48, "victim": 0, "killed_after_s": 4.1,
                  "victim_busy_at_kill": 10, "busy_per_node_at_kill": [10, 10, 10], "counts": counts,
-                 "streams": dict(counts, sent=15, completed=10), "unhealthy_after_s": 1.9,
+                 "streams": dict(counts, sent=15, completed=10), "unhealthy_after_s": 1.9, "unrouted_after_s": 2.1,
                  "probes": {"sent": 48, "completed": 48, "errors": {}, "interval_s": 0.25, "seconds": 12.0,
                             "last_failed_sent_after_kill_s": None},
                  "rejoin": {"restart_ready_s": 4.2, "healthy_at_head_after_ready_s": 0.8,
                             "requests": {"sent": 12, "completed": 12}, "requests_per_node": [4, 4, 4]}},
+        "refusals": {"runs": [{"flags": ["--class-lanes", "agent=2"], "rc": 2,
+                               "message": "superfluid fleet: configuration error: --class-lanes is a node setting"}]},
         "qos": {"error": "RuntimeError: node0 exited"},
         "overhead": {"request": "chat", "n": 200, "routes": {"direct": {"n": 200, "p50_ms": 30.0, "p99_ms": 45.0},
                                                             "head": {"n": 200, "p50_ms": 32.0, "p99_ms": 50.0}},
@@ -112,8 +118,15 @@ def test_report_from_a_canned_run():
     }
     text = markdown(results)
     assert "| cache_aware | 2500 | [1200, 1300, 0] |" in text and "**0.33**" in text
-    assert "| 30 | 25 | 5 | 0 | 0 |" in text and "5× error stream" in text and "**1.90 s**" in text
+    assert "| 30 | 25 | 5 | 0 | 0 |" in text and "5× error stream" in text and "**1.90 s**" in text and "**2.10 s**" in text
     assert "QoS through the head: failed: RuntimeError" in text
+    assert "| `--class-lanes agent=2` | 2 | superfluid fleet: configuration error: --class-lanes" in text
+    qos = {"agents": 8, "agent_tokens_asked": 2500, "lanes_per_node": 2, "per_node_at_chat": [], "goal_s": 1.0,
+           "chats": {"interactive (body field)": {"ttft": 0.4, "kind": "completed"},
+                     "agent (peer)": {"ttft": None, "kind": "lost", "error": "no answer within 120 s"}}}
+    qos_text = markdown({"qos": qos})
+    assert "| interactive (body field) | **0.40** | completed |" in qos_text
+    assert "| agent (peer) | - | lost: no answer within 120 s |" in qos_text
     assert "| head | 200 | 32.00 | 50.00 | 2.00 | 5.00 |" in text
     assert tally([])["sent"] == 0
 

@@ -42,7 +42,9 @@ from tools.bench.fleet_procs import BIN, Head, Node
 from tools.bench.fleet_requests import Outcome, chat, chat_body, tally
 from tools.bench.fleet_report import markdown
 
-STAGES = ("affinity", "kill", "qos", "overhead")
+STAGES = ("refusals", "affinity", "kill", "qos", "overhead")
+REFUSED = (["--class-lanes", "agent=2"], ["--http-default-qos", "batch"], ["--no-http-qos-header"],
+           ["--http-allow-batch-invariant"])
 PREFILLED = "superfluid_prefill_tokens_total"
 REQUESTS = "superfluid_requests_total"
 
@@ -144,6 +146,23 @@ async def model_of(base: str) -> str:
     return data["data"][0]["id"]
 
 
+# ---- 0. the head's refusals ---------------------------------------------------------------------
+
+def refusals(args) -> dict:
+    """``superfluid fleet`` with each local-scheduler flag: its exit status and message."""
+    if args.head != "fleet":
+        return {"error": "needs superfluid fleet (the head is SMG alone)"}
+    out = []
+    for flag in REFUSED:
+        cmd = [str(BIN / "superfluid"), "fleet", "--node", "http://127.0.0.1:9", "--port", "0", *flag]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            out.append({"flags": flag, "rc": r.returncode, "message": (r.stderr.strip().splitlines() or [""])[-1]})
+        except subprocess.TimeoutExpired:  # it started serving: not refused
+            out.append({"flags": flag, "rc": None, "message": "not refused: still running after 60 s"})
+    return {"runs": out}
+
+
 # ---- 1. prefix affinity -------------------------------------------------------------------------
 
 async def _affinity_burst(args, head: Head, model: str) -> list[Outcome]:
@@ -236,15 +255,15 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
                 i += 1
                 await asyncio.sleep(args.probe_interval)
 
-        async def unhealthy_after():
+        async def false_after(key):
             while time.monotonic() - t_kill < 60.0:
-                if await asyncio.to_thread(head.node_healthy, victim) is False:
+                if await asyncio.to_thread(head.node_healthy, victim, key) is False:
                     return time.monotonic() - t_kill
                 await asyncio.sleep(0.1)
             return None
 
         probe_task = asyncio.create_task(probing())
-        to_unhealthy = await unhealthy_after()
+        to_unhealthy, to_unrouted = await asyncio.gather(false_after("healthy"), false_after("routed"))
         log(f"kill: head reports node{victim_index} unhealthy {to_unhealthy} s after the kill")
         burst_out = await asyncio.gather(*burst)
         await probe_task
@@ -277,6 +296,7 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
         "counts": tally(burst_out),
         "streams": tally([o for o in burst_out if o.stream]),
         "unhealthy_after_s": None if to_unhealthy is None else round(to_unhealthy, 2),
+        "unrouted_after_s": None if to_unrouted is None else round(to_unrouted, 2),
         "probes": {**tally(probe_out), "interval_s": args.probe_interval, "seconds": args.probe_seconds,
                    "last_failed_sent_after_kill_s": None if last_failed is None else round(last_failed, 2),
                    "served_by_victim": len(to_victim),
@@ -304,6 +324,10 @@ def kill(args) -> dict:
 
 
 # ---- 3. QoS through the head -------------------------------------------------------------------
+# (label, class in the body's superfluid.qos, class in the x-superfluid-qos header): the class by
+# each route a client has through the head, and the same chat as class agent, the peer.
+CHATS = (("interactive (body field)", "interactive", None), ("interactive (header)", None, "interactive"),
+         ("agent (peer)", "agent", None))
 
 async def _qos(args, fleet: Fleet, model: str) -> dict:
     head = fleet.head
@@ -325,11 +349,11 @@ async def _qos(args, fleet: Fleet, model: str) -> dict:
                      "queued": sum(int(m.get("queued") or 0) for m in (h.get("models") or {}).values())}
                     for h in spread]
         chats = {}
-        for cls in ("interactive", "agent"):
-            headers = {"x-superfluid-qos": cls}
-            chats[cls] = await chat(s, head.base, chat_body(model, fp.chat_messages(), 16, True, cls),
-                                    args.chat_timeout, args.chat_timeout, headers)
-            log(f"qos: {cls} chat {chats[cls].kind}, TTFT {chats[cls].ttft}")
+        for label, body_cls, header_cls in CHATS:
+            headers = {"x-superfluid-qos": header_cls} if header_cls else None
+            chats[label] = await chat(s, head.base, chat_body(model, fp.chat_messages(), 16, True, body_cls),
+                                      args.chat_timeout, args.chat_timeout, headers)
+            log(f"qos: {label} chat {chats[label].kind}, TTFT {chats[label].ttft}")
         done_agents = [a for a in agents if a.done()]
         for a in agents:  # the measurement is over: free the shared machine
             a.cancel()
@@ -337,7 +361,7 @@ async def _qos(args, fleet: Fleet, model: str) -> dict:
     return {"agents": args.agents, "agent_tokens_asked": args.agent_tokens, "lanes_per_node": args.qos_max_batch,
             "chat_delay_s": args.chat_delay, "per_node_at_chat": per_node,
             "agents_finished_before_chats_ended": len(done_agents),
-            "interactive": chats["interactive"].to_json(), "agent_peer": chats["agent"].to_json(), "goal_s": 1.0}
+            "chats": {label: o.to_json() for label, o in chats.items()}, "goal_s": 1.0}
 
 
 def qos(args) -> dict:
@@ -466,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "head": args.head,
                      "command": " ".join(["python -m tools.bench.fleet", *(argv if argv is not None else sys.argv[1:])]),
                      "commit": _commit(), "settings": {k: v for k, v in vars(args).items() if k != "out"}}
-    runners = {"affinity": affinity, "kill": kill, "qos": qos, "overhead": overhead}
+    runners = {"refusals": refusals, "affinity": affinity, "kill": kill, "qos": qos, "overhead": overhead}
     status = 0
     for stage in stages:
         log(f"stage {stage}")

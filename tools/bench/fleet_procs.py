@@ -189,15 +189,16 @@ class Head:
     def health(self) -> tuple[int | None, str]:
         return get(self.base + "/health", timeout=3.0)
 
-    def node_healthy(self, node: Node) -> bool | None:
-        """Whether the head calls ``node`` healthy: the fleet head's /health names each node;
-        SMG alone lists its workers on /workers. None when the head says nothing about it."""
+    def node_healthy(self, node: Node, key: str = "healthy") -> bool | None:
+        """Whether the head calls ``node`` healthy (``key="healthy"``) or routes to it
+        (``key="routed"``): the fleet head's /health names each node with both; SMG alone lists
+        its workers on /workers (one verdict for both). None when the head says nothing."""
         status, body = self.health()
         try:
             data = json.loads(body)
         except ValueError:
             data = None
-        verdict = node_state(data, node.base)
+        verdict = node_state(data, node.base, key)
         if verdict is not None:
             return verdict
         status, body = get(self.base + "/workers", timeout=3.0)
@@ -211,14 +212,15 @@ class Head:
         self.proc.stop()
 
 
-def node_state(data, url: str) -> bool | None:
+def node_state(data, url: str, key: str = "healthy") -> bool | None:
     """Find ``url`` in a health document (a list or mapping of nodes, SMG's ``workers`` list or
-    the fleet head's ``nodes``) and read whether it is healthy; None if it is not there."""
+    the fleet head's ``nodes``) and read whether it is healthy (or, ``key="routed"``, routed to
+    when the document says so apart); None if it is not there or its state is not known yet."""
     url = url.rstrip("/")
     entries = []
     if isinstance(data, dict):
-        for key in ("nodes", "workers"):
-            value = data.get(key)
+        for name in ("nodes", "workers"):
+            value = data.get(name)
             if isinstance(value, list):
                 entries += [e for e in value if isinstance(e, dict)]
             elif isinstance(value, dict):
@@ -227,11 +229,15 @@ def node_state(data, url: str) -> bool | None:
     for e in entries:
         if str(e.get("url", "")).rstrip("/") != url:
             continue
-        if isinstance(e.get("is_healthy"), bool):
-            return e["is_healthy"]
-        if isinstance(e.get("healthy"), bool):
-            return e["healthy"]
-        state = str(e.get("status", e.get("state", ""))).lower()
-        if state:
-            return state in ("ok", "healthy", "ready", "up")
+        if key == "routed" and isinstance(e.get("routed"), bool):
+            return e["routed"]
+        for name in ("is_healthy", "healthy"):
+            if isinstance(e.get(name), bool):
+                return e[name]
+        state = str(e.get("state", e.get("status", ""))).lower()
+        if state in ("ok", "healthy", "ready", "up"):
+            return True
+        if state in ("unhealthy", "failed", "down", "dead"):
+            return False
+        return None
     return None

@@ -9,7 +9,7 @@ TOPICS = ("billing service", "search index", "payments ledger", "mail relay", "i
           "auth gateway", "metrics store", "job scheduler")
 SENTENCE = ("Section {k}.{i}: the {topic} keeps a write-ahead log, replicates it to two peers "
             "and compacts it every night at {h:02d}:00. ")
-TOKENS_PER_SENTENCE = 26  # about, with SmolLM2's tokenizer
+TOKENS_PER_SENTENCE = 36  # about, with SmolLM2's tokenizer
 NOTE = ("The quick brown fox jumps over the lazy dog while the committee reviews section {i} "
         "of the report on distributed systems, caching strategies and scheduling policies. ")
 NOTE_TOKENS = 34

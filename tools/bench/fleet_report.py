@@ -11,6 +11,14 @@ def _errors(errors: dict) -> str:
     return "; ".join(f"{n}× {msg}" for msg, n in sorted(errors.items(), key=lambda kv: -kv[1])) or "none"
 
 
+def refusals_md(r: dict) -> list[str]:
+    if "error" in r:
+        return [f"Refusals: not run: {r['error']}", ""]
+    out = ["The head's refusals (`superfluid fleet --node URL FLAG`)", "", "| flag | exit | message |", "|---|---:|---|"]
+    out += [f"| `{' '.join(x['flags'])}` | {x['rc']} | {x['message']} |" for x in r["runs"]]
+    return out + [""]
+
+
 def affinity_md(a: dict) -> list[str]:
     if "error" in a:
         return [f"Prefix affinity: failed: {a['error']}", ""]
@@ -40,7 +48,8 @@ def kill_md(k: dict) -> list[str]:
            f"- streams: {k['streams']['completed']}/{k['streams']['sent']} completed, "
            f"{k['streams']['error']} ended with an error event, {k['streams']['truncated']} truncated, "
            f"{k['streams']['lost']} hung",
-           f"- head /health calls node{k['victim']} unhealthy after **{_f(k['unhealthy_after_s'])} s**",
+           f"- head /health calls node{k['victim']} unhealthy after **{_f(k['unhealthy_after_s'])} s**, "
+           f"and no longer routed to (SMG's view) after **{_f(k.get('unrouted_after_s'))} s**",
            f"- probes after the kill (one per {p['interval_s']} s for {p['seconds']} s): {p['completed']}/{p['sent']} "
            f"completed; last failed probe sent {_f(p['last_failed_sent_after_kill_s'], '.2f', 'none')} s after "
            f"the kill; errors: {_errors(p['errors'])}",
@@ -53,13 +62,15 @@ def kill_md(k: dict) -> list[str]:
 def qos_md(q: dict) -> list[str]:
     if "error" in q:
         return [f"QoS through the head: failed: {q['error']}", ""]
-    i, a = q["interactive"], q["agent_peer"]
-    return [f"QoS through the head: {q['agents']} agent chats (~{q['agent_tokens_asked']} tokens each) over "
-            f"nodes of {q['lanes_per_node']} lanes; at the chat, per node {q['per_node_at_chat']}", "",
-            "| chat class | TTFT (s) | outcome |", "|---|---:|---|",
-            f"| interactive | **{_f(i['ttft'])}** | {i['kind']} |",
-            f"| agent (peer) | {_f(a['ttft'])} | {a['kind']}{': ' + a['error'] if a.get('error') else ''} |",
-            "", f"goal ≤ {q['goal_s']} s", ""]
+    out = [f"QoS through the head: {q['agents']} agent chats (~{q['agent_tokens_asked']} tokens each) over "
+           f"nodes of {q['lanes_per_node']} lanes; at the first chat, per node {q['per_node_at_chat']}; "
+           f"the chats go one after the other", "",
+           "| chat (class sent as) | TTFT (s) | outcome |", "|---|---:|---|"]
+    for label, c in q["chats"].items():
+        ttft = _f(c["ttft"])
+        out.append(f"| {label} | {'**' + ttft + '**' if label.startswith('interactive') else ttft} | "
+                   f"{c['kind']}{': ' + c['error'] if c.get('error') else ''} |")
+    return out + ["", f"goal ≤ {q['goal_s']} s for the interactive chat", ""]
 
 
 def overhead_md(o: dict) -> list[str]:
@@ -77,7 +88,7 @@ def overhead_md(o: dict) -> list[str]:
 def markdown(results: dict) -> str:
     out = [f"Fleet bench, {results.get('date')}, commit {results.get('commit')}, head: {results.get('head')}",
            f"`{results.get('command')}`", ""]
-    for key, fn in (("affinity", affinity_md), ("kill", kill_md), ("qos", qos_md), ("overhead", overhead_md)):
+    for key, fn in (("refusals", refusals_md), ("affinity", affinity_md), ("kill", kill_md), ("qos", qos_md), ("overhead", overhead_md)):
         if key in results:
             out += fn(results[key])
     return "\n".join(out)
