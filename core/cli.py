@@ -12,7 +12,7 @@ from typing import Callable
 
 import attrs
 
-from . import __version__
+from . import __version__, plugin_report
 from .config import Schema, add_flags, build_config, core_options, read_toml
 from .daemon import Daemon, print_progress
 from .errors import ConfigError, SuperfluidError
@@ -51,7 +51,8 @@ class Command:
 
 
 def plugin_commands(pm) -> dict[str, Command]:
-    commands: dict[str, Command] = {}
+    commands: dict[str, Command] = {"plugins": Command("plugins", plugin_report.HELP, plugin_report.add_arguments,
+                                                       plugin_report.run)}  # the core's own
 
     def register(name: str, help: str, add_arguments, run) -> None:
         if name == "serve" or name in commands:
