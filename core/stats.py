@@ -85,13 +85,15 @@ def snapshot(sched: Scheduler, now: float) -> dict:
             "pinned_prefixes": len(kv.pins),  # --pin-prompt's and open sessions' system prompts
             "parked_bytes": max(0, kv.parked_bytes - kv.host.bytes),  # by preempted lanes
             "host_cache_bytes": kv.host.bytes,
+            "host_cache_entries": len(kv.host), "pressure": sched.pressure,  # for /events
             "costs": sched.costs.as_dict()}
 
 
 def _lane_view(slot: int, lane: Lane, now: float) -> dict:
     view = {"id": slot, "state": lane.state.value, "request_id": lane.id, "qos": lane.qos,
             "prompt_tokens": lane.n_prompt, "cached_tokens": lane.n_cached,
-            "generated_tokens": lane.n_generated, "max_tokens": lane.request.max_tokens}
+            "generated_tokens": lane.n_generated, "max_tokens": lane.request.max_tokens,
+            "prefilled_tokens": lane.n_prefilled, "preemptions": lane.preemptions}
     if lane.admitted_at is not None and lane.n_prefilled:
         end = lane.first_token_at or now
         view["prefill_tokens_per_s"] = round(lane.n_prefilled / max(end - lane.admitted_at, 1e-6), 1)

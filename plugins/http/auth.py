@@ -43,6 +43,7 @@ QOS_HEADER = "x-superfluid-qos"
 KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
 APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
 PUBLIC = ("/health",)       # liveness probes carry no key
+QUERY_KEY = ("/events", "/dashboard")  # a browser's EventSource sends no headers: ?key=SECRET there only
 COST = "superfluid.auth_cost"  # request[COST]: the _Cost of its authentication and key limits
 
 
@@ -186,7 +187,10 @@ def _secret(request) -> str | None:
     scheme, _, value = auth.strip().partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get("x-api-key", "").strip() or None
+    found = request.headers.get("x-api-key", "").strip() or None
+    if found is None and request.path in QUERY_KEY:
+        found = request.query.get("key", "").strip() or None  # never logged: log lines print the path only
+    return found
 
 
 def middleware(policy_file, config):
@@ -227,8 +231,9 @@ def middleware(policy_file, config):
             return
         secret = _secret(request)
         if secret is None:
+            where = " (or ?key=KEY here)." if request.path in QUERY_KEY else "."
             raise Unauthorized("You didn't provide an API key. Send it as 'Authorization: Bearer KEY' "
-                               "or 'x-api-key: KEY'.", headers={"WWW-Authenticate": "Bearer"})
+                               "or 'x-api-key: KEY'" + where, headers={"WWW-Authenticate": "Bearer"})
         key = policy.identify(secret)
         if key is None:
             log.warning("%s %s %s: unknown API key", request.remote, request.method, request.path)

@@ -13,6 +13,8 @@ from .admin_routes import AdminRoutes
 from .catchup import LoopCatchup
 from .embedding_routes import EmbeddingRoutes
 from .errors import json_errors
+from .events import EventHub, TeeMetrics
+from .events_routes import EventsRoutes
 from .info_routes import InfoRoutes
 from .keys import PolicyFile
 from .limits import LIMITS, Limits, guard
@@ -24,9 +26,11 @@ log = logging.getLogger("superfluid.http")
 
 
 def build_app(daemon, config, catchup: LoopCatchup | None = None,
-              keys: PolicyFile | None = None) -> web.Application:
+              keys: PolicyFile | None = None, events: EventHub | None = None) -> web.Application:
     """The application; ``catchup``: the event loop's catch-up its bridges count wake-ups on;
-    ``keys``: the key policy (None: no keys, /admin for loopback clients only)."""
+    ``keys``: the key policy (None: no keys, /admin for loopback clients only); ``events``: the
+    hub behind /events, fed by the scheduler hooks it is registered for (None: a hub of its own,
+    which hears no ticks unless registered)."""
     # json_errors outermost, so authentication's 401s and 403s leave as OpenAI-style bodies
     limits = Limits.from_config(config)  # --max-body-mb and the other input limits
     app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=limits.max_body_bytes)
@@ -40,6 +44,10 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     TokenizeRoutes(daemon).add_to(app)
     AdminRoutes(daemon).add_to(app)
     InfoRoutes(daemon).add_to(app)
+    events = events if events is not None else EventHub(daemon, keys)
+    # the key limiter reports each key's requests, tokens and rejections to /events too
+    openai.key_limits.metrics = TeeMetrics(openai.key_limits.metrics, events.keys)
+    EventsRoutes(daemon, events).add_to(app)
     return app
 
 
@@ -50,6 +58,7 @@ class HttpFrontend:
         self.runner: web.AppRunner | None = None
         self.catchup: LoopCatchup | None = None
         self.keys: PolicyFile | None = None
+        self.events: EventHub | None = None
         self._sighup = False
 
     async def start(self) -> None:
@@ -61,7 +70,8 @@ class HttpFrontend:
             loop.add_signal_handler(signal.SIGHUP, self.keys.reload)
             self._sighup = True
             log.info("key policy %s: %d keys", self.keys.path, len(self.keys.current.keys))
-        app = build_app(self.daemon, self.config, self.catchup, self.keys)
+        self.events = EventHub(self.daemon, self.keys)
+        app = build_app(self.daemon, self.config, self.catchup, self.keys, self.events)
         # handler_cancellation: a client that disconnects cancels its handler, which cancels its lane.
         # keep-alive, header size and head deadline: the connections are GuardedHandlers (limits.py)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
@@ -73,6 +83,8 @@ class HttpFrontend:
         await site.start()
         # the scheduler threads reach the catch-up through their tick hook (see catchup.py)
         self.daemon.pm.register(self.catchup, name=f"superfluid.http.catchup-{id(self)}")
+        # and the /events hub its ticks (a tuple appended per tick) and finished lanes
+        self.daemon.pm.register(self.events, name=f"superfluid.http.events-{id(self)}")
         port = self.runner.addresses[0][1] if self.runner.addresses else port
         log.info("serving %s on http://%s:%s", ", ".join(self.daemon.models), host, port)
         print(f"superfluid: serving {', '.join(self.daemon.models)} on http://{host}:{port}", flush=True)
@@ -85,5 +97,7 @@ class HttpFrontend:
             self.catchup.detach()
             if self.daemon.pm.is_registered(self.catchup):
                 self.daemon.pm.unregister(self.catchup)
+        if self.events is not None and self.daemon.pm.is_registered(self.events):
+            self.daemon.pm.unregister(self.events)
         if self.runner is not None:
             await self.runner.cleanup()

@@ -5,9 +5,10 @@ policy file leaks no secret; a request's secret is hashed and compared with ever
 constant time (``hmac.compare_digest``, no early exit), so response timing tells an attacker
 nothing about how close a guess was. A key carries its QoS *ceiling* (the most urgent class it
 may use, also its default), the models it may call, its grants (batch-invariant lanes, admin)
-and the per-key limits another module enforces. Errors name the file, the line and the key:
-tomllib gives no line per table, so the ``[keys.NAME]`` header (or the field) is found in the
-text."""
+and the per-key limits another module enforces. The grants: ``batch-invariant``,
+``admin`` (the /admin routes, and watching) and ``dashboard`` (GET /events and /dashboard only).
+Errors name the file, the line and the key: tomllib gives no line per table, so the
+``[keys.NAME]`` header (or the field) is found in the text."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ else:  # pragma: no cover
 log = logging.getLogger("superfluid.http")
 
 LIMIT_FIELDS = ("requests-per-minute", "tokens-per-minute", "max-tokens", "lanes")
-FIELDS = ("sha256", "class", "models", "batch-invariant", "admin", *LIMIT_FIELDS)
+FIELDS = ("sha256", "class", "models", "batch-invariant", "admin", "dashboard", *LIMIT_FIELDS)
 NEW_NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # names `keys new` writes as bare TOML keys
 SECRET_PREFIX = "sk-sf-"
 
@@ -55,6 +56,7 @@ class Key:
     models: tuple[str, ...] = ("*",)
     batch_invariant: bool = False
     admin: bool = False
+    dashboard: bool = False  # may watch the server: GET /events and /dashboard (admin may too)
     requests_per_minute: int = 0
     tokens_per_minute: int = 0
     max_tokens: int = 0
@@ -171,6 +173,7 @@ class _Table:
             self.fail(raw, f"models must be a non-empty list of model names or patterns, got {models!r}")
         return Key(name=self.name, sha256=digest.lower(), qos=cls, models=tuple(models),
                    batch_invariant=self.boolean("batch-invariant"), admin=self.boolean("admin"),
+                   dashboard=self.boolean("dashboard"),
                    requests_per_minute=self.count("requests-per-minute"),
                    tokens_per_minute=self.count("tokens-per-minute"),
                    max_tokens=self.count("max-tokens"), lanes=self.count("lanes"), line=self.line)
