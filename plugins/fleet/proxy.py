@@ -4,8 +4,10 @@
   ``x-superfluid-*`` request header, so a client's ``x-superfluid-qos`` is moved into the body's
   ``superfluid: {"qos": ...}`` (a body that already names a class keeps it: the node lets the
   body win too). ``Authorization`` passes untouched; the nodes check keys and cap the class.
-  SMG re-serializes embeddings requests without unknown fields, so an embeddings request that
-  names a class goes straight to a node that serves its model instead.
+  SMG re-serializes embeddings requests without unknown fields and drops the header, so an
+  embeddings request that names a class goes straight to a node that serves its model, as sent.
+  So does a body that is not JSON: SMG's parser would answer it with its own 400; a node answers
+  it as it would alone.
 - ``/v1/sessions...`` (SMG does not proxy them): see :mod:`.sessions`.
 - A stream whose upstream ends without ``data: [DONE]`` (SMG itself died, say) gets an SSE error
   event and ``[DONE]`` from the head, so a client never hangs. SMG already ends a stream cut by a
@@ -67,6 +69,14 @@ def carry_class(raw: bytes, header: str | None) -> bytes:
     else:
         return raw
     return json.dumps(body).encode()
+
+
+def parses(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+        return True
+    except (ValueError, UnicodeDecodeError):
+        return False
 
 
 def body_class(raw: bytes) -> str | None:
@@ -187,40 +197,65 @@ class FleetApp:
     async def _via_smg(self, request: web.Request, raw: bytes | None) -> web.StreamResponse:
         url = self.smg.base + request.path
         headers = forward_headers(request)
+        if not self.smg.ready.is_set():  # SMG restarting, or not yet routing to its nodes
+            await self.smg.wait_ready(SMG_WAIT_S)
         try:
             return await self._relay(request, url, raw, headers)
-        except Unreachable as first:
-            self.head.errors.labels("smg_unreachable").inc()
-            log.warning("%s %s: SMG unreachable (%s); retrying once when it is back", request.method,
-                        request.path, first)
+        except Unreachable as exc:
+            why = str(exc)
+        self.head.errors.labels("smg_unreachable").inc()
+        self.smg.unreachable(why)
+        log.warning("%s %s: SMG unreachable (%s); retrying once when it is back", request.method, request.path, why)
         if await self.smg.wait_ready(SMG_WAIT_S):
             try:
                 resp = await self._relay(request, url, raw, headers)
                 self.head.errors.labels("retried").inc()
                 return resp
-            except Unreachable as second:
-                first = second
-        return error(503, f"The fleet's router (SMG) is unavailable: {first}; retry shortly", "router_unavailable",
+            except Unreachable as exc:
+                why = str(exc)
+        return error(503, f"The fleet's router (SMG) is unavailable: {why}; retry shortly", "router_unavailable",
                      headers={"Retry-After": "1"})
 
     # ---- OpenAI routes --------------------------------------------------------------------
     async def openai(self, request: web.Request) -> web.StreamResponse:
         raw = carry_class(await request.read(), request.headers.get(QOS_HEADER))
-        return await self._via_smg(request, raw)
+        if not parses(raw):  # SMG would answer with its own parser's 400: give the node's, as
+            return await self._direct(request, raw, None)  # a single server answers it
+        down = self._all_down(body_model(raw))
+        return down if down is not None else await self._via_smg(request, raw)
 
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        raw = carry_class(await request.read(), request.headers.get(QOS_HEADER))
-        if body_class(raw) is None:
-            return await self._via_smg(request, raw)
-        model = body_model(raw)
+    def _all_down(self, model: str | None) -> web.Response | None:
+        """A 503 for a model the fleet serves but no healthy node does now (SMG, which no longer
+        lists those nodes, would call the model unknown: a 404)."""
+        holders = self.monitor.models().get(model) if model else None
+        if not holders or self.monitor.healthy(model):
+            return None
+        return error(503, f"No healthy node serves model {model!r} now (its nodes: {', '.join(holders)}); "
+                     f"retry shortly", "no_healthy_node", headers={"Retry-After": "2"})
+
+    async def _direct(self, request: web.Request, raw: bytes, model: str | None) -> web.StreamResponse:
+        """Straight to the least busy healthy node serving ``model`` (SMG if there is none: its
+        404 for an unknown model, or its 503)."""
         candidates = self.monitor.healthy(model)
-        if not candidates:  # SMG answers: the 404 for an unknown model, or its 503
+        if not candidates:
             return await self._via_smg(request, raw)
         node = min(candidates, key=lambda n: (n.busy, n.url))
         try:
             return await self._relay(request, node.url + request.path, raw, forward_headers(request))
         except Unreachable as exc:
             return self._node_down(node.url, str(exc))
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        """SMG re-serializes embeddings bodies without unknown fields and drops the header, so a
+        request that names a class (header or body) goes straight to a node, unchanged: the
+        node answers it exactly as it would a direct request."""
+        raw = await request.read()
+        down = self._all_down(body_model(raw))
+        if down is not None:
+            return down
+        if request.headers.get(QOS_HEADER) is None and body_class(raw) is None and parses(raw):
+            return await self._via_smg(request, raw)
+        return await self._direct(request, raw, body_model(raw))
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:

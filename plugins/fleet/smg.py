@@ -56,7 +56,8 @@ class Smg:
         self.up = False  # SMG's own /health answered at the last check
         self.workers: dict[str, dict] = {}  # node URL -> SMG's /workers entry
         self.last_error: str | None = None
-        self.ready = asyncio.Event()  # set while SMG answers
+        self.expected: list[str] = []  # the nodes the manifest lists
+        self.ready = asyncio.Event()  # set while SMG answers and routes to a listed node
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._session: aiohttp.ClientSession | None = None
@@ -81,6 +82,7 @@ class Smg:
         with open(tmp, "w") as fh:
             json.dump({"version": 1, "workers": [{"url": u} for u in urls]}, fh)
         os.replace(tmp, self.manifest)
+        self.expected = list(urls)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
@@ -128,10 +130,15 @@ class Smg:
             log.info("SMG is up on %s", self.base)
         self.up = ok
         self.last_error = None if ok else "SMG /health did not answer 200"
-        if ok:
+        # a (re)started SMG answers /health before it has registered the manifest's nodes
+        if ok and (not self.expected or any(self.routable(u) for u in self.expected)):
             self.ready.set()
         else:
             self.ready.clear()
+
+    def unreachable(self, error: str) -> None:
+        """A request could not reach SMG: not ready until the next check says otherwise."""
+        self._set_down(error)
 
     def _set_down(self, error: str) -> None:
         if self.up:
