@@ -107,7 +107,7 @@ def test_report_from_a_canned_run():
                  "streams": dict(counts, sent=15, completed=10), "unhealthy_after_s": 1.9, "unrouted_after_s": 2.1,
                  "probes": {"sent": 48, "completed": 48, "errors": {}, "interval_s": 0.25, "seconds": 12.0,
                             "last_failed_sent_after_kill_s": None},
-                 "rejoin": {"restart_ready_s": 4.2, "healthy_at_head_after_ready_s": 0.8,
+                 "rejoin": {"restart_ready_s": 4.2, "routed_at_head_after_ready_s": 0.8,
                             "requests": {"sent": 12, "completed": 12}, "requests_per_node": [4, 4, 4]}},
         "refusals": {"runs": [{"flags": ["--class-lanes", "agent=2"], "rc": 2,
                                "message": "superfluid fleet: configuration error: --class-lanes is a node setting"}]},

@@ -46,15 +46,16 @@ def kill_md(k: dict) -> list[str]:
            f"| {c['sent']} | {c['completed']} | {c['error']} | {c['truncated']} | {c['lost']} |", "",
            f"- errors: {_errors(c['errors'])}",
            f"- streams: {k['streams']['completed']}/{k['streams']['sent']} completed, "
-           f"{k['streams']['error']} ended with an error event, {k['streams']['truncated']} truncated, "
-           f"{k['streams']['lost']} hung",
+           f"{k['streams']['error']} ended with an error event ({k.get('failed_streams_with_content')} of them "
+           f"after some content; the last failure ended {_f(k.get('failed_ended_after_kill_s_max'))} s after the "
+           f"kill), {k['streams']['truncated']} truncated, {k['streams']['lost']} hung",
            f"- head /health calls node{k['victim']} unhealthy after **{_f(k['unhealthy_after_s'])} s**, "
            f"and no longer routed to (SMG's view) after **{_f(k.get('unrouted_after_s'))} s**",
            f"- probes after the kill (one per {p['interval_s']} s for {p['seconds']} s): {p['completed']}/{p['sent']} "
            f"completed; last failed probe sent {_f(p['last_failed_sent_after_kill_s'], '.2f', 'none')} s after "
            f"the kill; errors: {_errors(p['errors'])}",
-           f"- rejoin: restarted node ready in {r['restart_ready_s']} s, healthy at the head "
-           f"{_f(r['healthy_at_head_after_ready_s'])} s later; then {r['requests']['completed']}/"
+           f"- rejoin: restarted node ready in {r['restart_ready_s']} s, routed to by the head "
+           f"{_f(r['routed_at_head_after_ready_s'])} s later; then {r['requests']['completed']}/"
            f"{r['requests']['sent']} chats completed, per node {[int(x) for x in r['requests_per_node']]}", ""]
     return out
 
