@@ -247,3 +247,59 @@ def test_a_socket_that_cannot_bind_is_a_config_error(tmp_path):
     pub = KVEventsPublisher(f"ipc://{tmp_path}/missing/dir/kv.sock", "kv@{host}:{port}@{model}", BS)
     with pytest.raises(ConfigError, match="--kv-events: cannot bind"):
         pub.start()
+
+
+# ---- the publisher in the daemon ------------------------------------------------------------------
+
+def daemon_with(models: list[str]):
+    """A daemon as the front end sees it: its models, and a plugin manager with no other plugin."""
+    from types import SimpleNamespace
+
+    import pluggy
+
+    from superfluid.core import hookspecs
+    pm = pluggy.PluginManager("superfluid")
+    pm.add_hookspecs(hookspecs)
+    return SimpleNamespace(models={m: None for m in models}, pm=pm)
+
+
+def kv_config(endpoint: str, *flags: str):
+    config, _ = load(["serve", "--kv-events", endpoint, *flags])
+    return config
+
+
+def test_the_frontend_hears_ticks_while_it_runs(zctx, tmp_path):
+    import asyncio
+    from types import SimpleNamespace
+
+    from superfluid.plugins.kvevents.publisher import KVEventsFrontend
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    daemon = daemon_with(["m"])
+    fe = KVEventsFrontend(daemon, kv_config(endpoint, "--kv-events-block-size", "8"))
+    asyncio.run(fe.start())
+    sub = zctx.socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        assert daemon.pm.is_registered(fe)
+        deadline, frames, n = time.monotonic() + 10, None, 0
+        while frames is None and time.monotonic() < deadline:   # through the tick hook, as the loop calls it
+            tokens = list(range(8 * n, 8 * n + 8))                # a new block each time: something to send
+            n += 1
+            daemon.pm.hook.superfluid_tick_done(model="m", stats=SimpleNamespace(cache_events=[stored(n, tokens)]))
+            frames = receive(sub, 0.1)
+        assert frames is not None
+        batch = msgpack.unpackb(frames[2], raw=False)
+        assert batch[1][-1][0] == "BlockStored" and batch[1][-1][4] == 8
+    finally:
+        asyncio.run(fe.stop())
+    assert not daemon.pm.is_registered(fe)
+
+
+def test_two_models_on_one_topic_is_a_config_error():
+    import asyncio
+
+    from superfluid.plugins.kvevents.publisher import KVEventsFrontend
+    fe = KVEventsFrontend(daemon_with(["a", "b"]), kv_config("tcp://127.0.0.1:1", "--kv-events-topic", "kv@{host}:{port}@x"))
+    with pytest.raises(ConfigError, match="every model needs its own topic"):
+        asyncio.run(fe.start())
