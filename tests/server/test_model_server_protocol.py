@@ -51,7 +51,8 @@ def wait_for(node, check, timeout: float = 30.0):
 
 def open_stream(node) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=60)
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "stream": True}
+    # ignore_eos: the lane stays busy until the client leaves, whatever the model would say
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     return conn
 
