@@ -91,8 +91,9 @@ def _check_policy(config):
 
 @hookimpl
 def superfluid_add_commands(register):
-    from . import keys_command
+    from . import keys_command, top_command
     register("keys", keys_command.HELP, keys_command.add_arguments, keys_command.run)
+    register("top", top_command.HELP, top_command.add_arguments, top_command.run)
 
 
 def _configure_fim(config):
