@@ -86,12 +86,13 @@ def wait_until(pred, timeout: float, what: str, every: float = 0.05):
 # Records every data-state a lane row takes (a MutationObserver sees each redraw, so a state
 # shown for one snapshot only is not missed between two polls), and the preemption marks.
 RECORDER = """() => {
-  window.__seen = {states: {}, preemptedMark: false};
+  window.__seen = {states: {}, preemptedMark: false, tookFrom: []};
   const note = (row) => {
     const lane = row.dataset.lane, state = row.dataset.state;
     const seq = (window.__seen.states[lane] = window.__seen.states[lane] || []);
     if (seq[seq.length - 1] !== state) seq.push(state);
     if (state === "preempted" || Number(row.dataset.preemptions) > 0) window.__seen.preemptedMark = true;
+    if (row.dataset.tookFrom) window.__seen.tookFrom.push([lane, row.dataset.qos, row.dataset.tookFrom]);
   };
   document.querySelectorAll("[data-lane]").forEach(note);
   new MutationObserver((records) => {
@@ -100,7 +101,7 @@ RECORDER = """() => {
       if (row) note(row);
     }
   }).observe(document.body, {subtree: true, attributes: true, childList: true,
-                              attributeFilter: ["data-state", "data-preemptions"]});
+                              attributeFilter: ["data-state", "data-preemptions", "data-took-from"]});
 }"""
 
 
@@ -194,6 +195,8 @@ def test_dashboard_follows_a_qos_workload(start_server, browser):
         assert states[0] == "free" and states[-1] == "free", f"lane {lane}: {states}"
         assert {"prefilling", "decoding"} & set(states), f"lane {lane}: {states}"
     assert len(seen) == 2
+    # The lane the chat took is marked with the class it took it from.
+    assert ["interactive", "agent"] in [took[1:] for took in page.evaluate("window.__seen.tookFrom")]
     # The tick timeline drew the work, TTFT has the interactive class, the stream was never cut.
     assert int(page.get_attribute(f'[data-model="{MODEL}"] svg.chart', "data-ticks")) > 0
     assert int(page.get_attribute(f'[data-model="{MODEL}"] [data-ttft="interactive"]', "data-count")) >= 1
