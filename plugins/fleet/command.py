@@ -51,7 +51,8 @@ async def serve(config: FleetConfig) -> None:
 
     monitor = NodeMonitor(config.nodes, config.discovery_file, on_change)
     fleet = FleetApp(smg, monitor, HeadMetrics(), config.policy)
-    runner = web.AppRunner(fleet.make_app(), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that leaves cancels its upstream call, so the node frees the lane
+    runner = web.AppRunner(fleet.make_app(), access_log=None, handle_signals=False, handler_cancellation=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -179,18 +179,28 @@ class FleetApp:
             await out.prepare(request)
             tail = b""
             problem = None
-            try:
-                async for chunk in upstream.content.iter_any():
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    problem = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+                    break
+                if not chunk:
+                    break
+                try:
                     await out.write(chunk)
-                    tail = (tail + chunk)[-64:]
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                problem = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+                except (ConnectionError, aiohttp.ClientConnectionResetError):
+                    return out  # the client left: leaving this block closes the upstream too
+                tail = (tail + chunk)[-64:]
             if DONE not in tail:
                 problem = problem or "the upstream stream ended without [DONE]"
                 self.head.errors.labels("stream_cut").inc()
                 log.warning("%s %s: %s; ending it with an error event", request.method, request.path, problem)
                 event = error_body(f"The fleet lost this stream: {problem}", "upstream_stream_cut")
-                await out.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n" + DONE + b"\n\n")
+                try:
+                    await out.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n" + DONE + b"\n\n")
+                except (ConnectionError, aiohttp.ClientConnectionResetError):
+                    return out
             await out.write_eof()
             return out
 

@@ -28,15 +28,20 @@ MODEL = "smollm2"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
 
 
-def node_args(model_path: str) -> list[str]:
-    return ["--model", model_path, "--model-name", MODEL, "--max-context", TEST_CONTEXT, "--max-batch", "4"]
+OTHER = "smol-b"  # the same file served under another name: a node of another model
 
 
-def start_node(model_path, log, port: int | None = None) -> ServerProcess:
+def node_args(model_path: str, name: str = MODEL) -> list[str]:
+    # one engine thread each: three nodes share CI's two cores
+    return ["--model", model_path, "--model-name", name, "--max-context", TEST_CONTEXT, "--max-batch", "4",
+            "--threads", "1"]
+
+
+def start_node(model_path, log, port: int | None = None, name: str = MODEL) -> ServerProcess:
     if port is None:
-        return ServerProcess(node_args(model_path), log)
+        return ServerProcess(node_args(model_path, name), log)
     with mock.patch.object(serverproc, "free_port", return_value=port):  # back on the same URL
-        return ServerProcess(node_args(model_path), log)
+        return ServerProcess(node_args(model_path, name), log)
 
 
 def call(base: str, method: str, path: str, body=None, headers=None, timeout=60):
@@ -110,24 +115,26 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, model_path):
     logs = tmp_path_factory.mktemp("fleet")
-    with ThreadPoolExecutor(2) as pool:  # the two nodes load at the same time
+    with ThreadPoolExecutor(3) as pool:  # the nodes load at the same time
         futures = [pool.submit(start_node, model_path, logs / f"node{i}.log") for i in range(2)]
-        nodes = []
+        futures.append(pool.submit(start_node, model_path, logs / "other.log", name=OTHER))
+        started = []
         try:
-            nodes = [f.result() for f in futures]
+            started = [f.result() for f in futures]
         finally:
-            if len(nodes) < 2:
+            if len(started) < 3:
                 for f in futures:
                     if f.exception() is None:
                         f.result().stop()
+    nodes, other = started[:2], started[2]
     head = None
     try:
         head = Fleet([n.base for n in nodes], logs / "fleet.log")
-        yield head, nodes
+        yield head, nodes, other
     finally:
         if head is not None:
             assert head.stop() == 0, head.log()
-        for n in nodes:
+        for n in [*nodes, other]:
             n.stop()
 
 
@@ -142,7 +149,7 @@ def ttft_count(node: ServerProcess, qos: str | None = None) -> float:
 
 
 def test_chat_completion_and_stream_through_the_head(fleet):
-    head, nodes = fleet
+    head, nodes, _ = fleet
     c = client(head)
     reply = c.chat.completions.create(**CHAT)
     assert reply.choices[0].message.content and reply.usage.completion_tokens >= 1
@@ -158,7 +165,7 @@ def test_chat_completion_and_stream_through_the_head(fleet):
 
 
 def test_models_unknown_model_and_bad_input(fleet):
-    head, _ = fleet
+    head, _, _ = fleet
     c = client(head)
     assert [m.id for m in c.models.list().data] == [MODEL]
     with pytest.raises(openai.NotFoundError) as exc:
@@ -174,7 +181,7 @@ def test_models_unknown_model_and_bad_input(fleet):
 
 
 def test_qos_class_reaches_the_node_from_header_and_body(fleet):
-    head, nodes = fleet
+    head, nodes, _ = fleet
     before = {q: sum(ttft_count(n, q) for n in nodes) for q in ("background", "completion")}
     status, headers, body = call(head.base, "POST", "/v1/chat/completions", CHAT,
                                  headers={"x-superfluid-qos": "background"})
@@ -200,7 +207,7 @@ def turn(head, sid: str, text: str):
 
 
 def test_sessions_stick_to_their_node(fleet):
-    head, nodes = fleet
+    head, nodes, _ = fleet
     wait_for("both nodes idle in the head's view (sessions go to the least busy)",
              lambda: all(v["busy"] == 0 for v in head.health()[1]["nodes"].values()), 10)
     sids = []
@@ -208,14 +215,14 @@ def test_sessions_stick_to_their_node(fleet):
         status, _, body = call(head.base, "POST", "/v1/sessions", {"model": MODEL, "system": "Be brief."})
         assert status == 201, body
         sids.append(body["id"])
-    for i in range(3):
+    for i in range(2):
         for sid in sids:
             status, _, body = turn(head, sid, f"turn {i}")
             assert status == 200 and body["choices"][0]["message"]["content"], body
     held = [sessions_on(n) for n in nodes]
     for sid in sids:  # each on exactly one node, with all its turns
         owners = [i for i, h in enumerate(held) if sid in h]
-        assert len(owners) == 1 and held[owners[0]][sid]["turns"] == 3
+        assert len(owners) == 1 and held[owners[0]][sid]["turns"] == 2
     assert {i for i, h in enumerate(held) for sid in sids if sid in h} == {0, 1}  # one on each node
     status, _, body = call(head.base, "GET", "/v1/sessions")
     assert status == 200 and set(sids) <= {s["id"] for s in body["data"]}
@@ -224,7 +231,7 @@ def test_sessions_stick_to_their_node(fleet):
 
 
 def test_a_killed_node_is_reported_routed_around_and_back(fleet, tmp_path, model_path):
-    head, nodes = fleet
+    head, nodes, _ = fleet
     sids = {s: i for i, n in enumerate(nodes) for s in sessions_on(n)}
     victim, survivor = nodes[1], nodes[0]
     mine = next(s for s, i in sids.items() if i == 0)
@@ -278,10 +285,17 @@ def test_a_killed_node_is_reported_routed_around_and_back(fleet, tmp_path, model
 
 
 def test_smg_killed_is_restarted(fleet):
-    head, _ = fleet
+    head, _, _ = fleet
     status, body = head.health()
     pid = body["smg"]["pid"]
-    os.kill(pid, signal.SIGKILL)
+    req = urllib.request.Request(head.base + "/v1/chat/completions", method="POST",
+                                 headers={"Content-Type": "application/json"},
+                                 data=json.dumps({**CHAT, "max_tokens": 400, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as stream:
+        assert stream.readline().startswith(b"data: ")
+        os.kill(pid, signal.SIGKILL)  # SMG dies under the stream: the head ends it
+        events = [line[6:] for line in stream.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "upstream_stream_cut"
     reply = client(head).chat.completions.create(**CHAT)  # waits for the restarted SMG
     assert reply.choices[0].message.content
     status, body = wait_for("SMG up again", lambda: (lambda h: h if h[0] == 200 else None)(head.health()), 10)
@@ -291,6 +305,27 @@ def test_smg_killed_is_restarted(fleet):
     assert 'superfluid_ttft_seconds_count{model="smollm2",node="' in page
     assert "smg_worker_health" in page
     assert "SMG (pid" in head.log() and "restarting it" in head.log()
+
+
+def test_discovery_file_and_a_node_of_another_model(fleet, tmp_path):
+    """A second head fed by a discovery file: a node added to the file is routed to, and SMG
+    sends each model only to its own node."""
+    _, nodes, other = fleet
+    listing = tmp_path / "nodes.json"
+    listing.write_text(json.dumps({"version": 1, "workers": [{"url": nodes[0].base}]}))
+    head = Fleet([], tmp_path / "fleet2.log", "--discovery-file", str(listing))
+    try:
+        assert list(head.health()[1]["nodes"]) == [nodes[0].base]
+        listing.write_text(json.dumps({"version": 1, "workers": [{"url": nodes[0].base}, {"url": other.base}]}))
+        wait_for("the added node is routed to", lambda: head.health()[1]["nodes"].get(other.base, {}).get("routed"), 10)
+        assert sorted(m.id for m in client(head).models.list().data) == sorted([MODEL, OTHER])
+        for model, node in ((OTHER, other), (MODEL, nodes[0])) * 2:
+            status, headers, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": model})
+            assert status == 200 and body["model"] == model and headers["x-smg-routed-worker-id"] == node.base
+        status, _, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": "no-such-model"})
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+    finally:
+        assert head.stop() == 0, head.log()
 
 
 def test_refusal_through_the_real_command():
