@@ -52,7 +52,6 @@ WAITING = "superfluid_num_requests_waiting"
 RUNNING = "superfluid_num_requests_running"
 KV_USAGE = "superfluid_kv_cache_usage_perc"
 CACHE_INFO = "superfluid_cache_config_info"
-NAMES = (WAITING, RUNNING, KV_USAGE, CACHE_INFO)
 
 
 class ModelServerGauges:
