@@ -213,7 +213,7 @@ class KVManager:
             self._parked.pop(lane.parked, None)
             lane.seed, lane.n_cached = Seed(key=lane.parked), lane.parked_tokens
             lane.parked = None
-        if lane.n_cached:  # the slot holds the seed's tokens (a cached prefix cut in place, or a copy)
+        if lane.n_cached and self.caps.prefix_cache:  # the slot holds the seed's tokens (a cut or a copy)
             self._held(slot, lane.tokens, lane.n_cached)
         elif old:
             self._report("removed", slot)
@@ -290,6 +290,12 @@ class KVManager:
             self._release.append(lane.slot)
             self._report("removed", lane.slot)
         lane.slot = None
+
+    def prefilled(self, lane: Lane) -> None:
+        """A running lane's KV grew by prompt tokens: reported as held by its slot, as other
+        lanes may already be seeded from it (its generated tokens are reported when it ends)."""
+        if self.caps.prefix_cache and lane.slot is not None:
+            self._held(lane.slot, lane.tokens, lane.n_cached)
 
     def forget_parked(self, lane: Lane) -> None:
         if lane.parked is not None:

@@ -181,6 +181,8 @@ class Scheduler:
             lane.n_cached += res.n_fed
             lane.n_prefilled += res.n_prefill
             prefilled += res.n_prefill
+            if res.n_prefill:
+                self.kv.prefilled(lane)
             decode_tokens += len(res.tokens)
             collect(lane, lp, res)
             if newly_scored(lane):

@@ -69,8 +69,9 @@ def test_a_finished_lane_is_stored_and_a_shared_prefix_is_kept(stepped):
     A = prompt(100, 80)
     slot, new = ev.run(engine, A, 3)
     stored = [e for e in new if e.kind == "stored"]
-    assert len(stored) == 1 and stored[0].medium == "gpu" and stored[0].holder == slot
-    assert stored[0].tokens[:stored[0].length] == A + expected(A, 3)[:2]   # the KV: the last token was never fed
+    assert {(e.medium, e.holder) for e in stored} == {("gpu", slot)}
+    assert stored[0].tokens[:stored[0].length] == A                        # prefilled, while it ran
+    assert stored[-1].tokens[:stored[-1].length] == A + expected(A, 3)[:2]  # at the end (the last token never fed)
     ev.check()
     # A longer prompt sharing A's prefix: the slot's cache is the seed (cut in place or copied).
     B = A[:60] + prompt(700, 40)
@@ -135,8 +136,11 @@ def test_a_preempted_lane_holds_nothing(stepped):
     _, sink = submit(loop, A[:70] + prompt(500, 30), 50, qos="background")
     ev.add([step(loop, engine)[1]])                    # seeded from A's cache, prefilling
     lane = loop.scheduler.lanes[0]
-    assert replay(ev.all)[("gpu", lane.slot)] == A[:70]
+    assert replay(ev.all)[("gpu", lane.slot)][:70] == A[:70]
+    slot = lane.slot
     loop.scheduler.preempt(lane)
+    assert loop.scheduler.kv.cache_events[-1] == CacheEvent("removed", "gpu", slot)   # its KV is not offered
+    assert ("gpu", slot) not in replay(ev.all + loop.scheduler.kv.cache_events)
     ev.add([step(loop, engine)[1]] if loop.busy() else [])
     ev.add(drive(loop, engine, sink.done.is_set))
     ev.check()
@@ -152,3 +156,18 @@ def test_a_lane_that_reuses_nothing_overwrites_a_cached_slot(stepped):
     ev.check()
     ev.add(drive(loop, engine, sink.done.is_set))
     ev.check()
+
+
+def test_a_running_lane_is_reported_as_its_prompt_is_prefilled(stepped):
+    loop, engine, _, _ = stepped(max_batch=2, prefill_budget=64)
+    ev = Events(loop)
+    A = prompt(100, 200)
+    _, sink = submit(loop, A, 3)
+    held = []
+    while not sink.done.is_set():
+        ev.add([step(loop, engine)[1]])
+        ev.check()
+        if loop.scheduler.lanes:
+            held.append(len(replay(ev.all).get(("gpu", loop.scheduler.lanes[0].slot), [])))
+    assert held[:3] == [64, 128, 192]                    # each prefill chunk, while the lane runs
+    assert replay(ev.all) == {("gpu", s): t for (_, s), t in actual(loop).items()}
