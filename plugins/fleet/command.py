@@ -1,6 +1,6 @@
 """``superfluid fleet``: parse the configuration, then run the head until SIGTERM/SIGINT.
 
-Start order: the first round of node polls (so SMG's manifest lists the nodes that answer), then
+Start order: the first round of node polls (so SMG gets the nodes that answer at once), then
 SMG, then the head's own port. Shutdown stops them in reverse, SMG by its process group."""
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(config: FleetConfig) -> None:
-    smg = Smg(config.policy, config.smg_port, config.log_level)
-
     def on_change(healthy: list[str]) -> None:
-        smg.write_manifest(healthy)
-        log.info("SMG routes to %d node(s): %s", len(healthy), ", ".join(healthy) or "none")
+        log.info("%d healthy node(s): %s", len(healthy), ", ".join(healthy) or "none")
 
     monitor = NodeMonitor(config.nodes, config.discovery_file, on_change)
+    smg = Smg(config.policy, config.smg_port, config.log_level,
+              desired=lambda: {n.url: n.models for n in monitor.healthy() if n.models})
     fleet = FleetApp(smg, monitor, HeadMetrics(), config.policy)
     # handler_cancellation: a client that leaves cancels its upstream call, so the node frees the lane
     runner = web.AppRunner(fleet.make_app(), access_log=None, handle_signals=False, handler_cancellation=True)

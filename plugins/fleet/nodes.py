@@ -2,10 +2,10 @@
 
 The head polls every node's ``/health`` about once a second. That is its own view of the fleet
 (``/health``, the per-node gauge, session placement) and it decides what SMG routes to: the head
-hands SMG, through SMG's file discovery, only the nodes that answer healthy. SMG registers a
-listed node that answers within about a second, and drains and drops one taken off the list, so
-a node down at start, or back after dying, is routed to again as soon as it answers (a node
-SMG was given while down is retried only every 30 s, see /tmp/fleet/smg-findings.md).
+registers with SMG only the nodes that answer healthy (:mod:`.smg`), and removes one that stops
+answering (SMG drains it). So a node down at start, or back after dying, is routed to again
+about a second after it answers; SMG left to itself retries a node it was given while down only
+every 30 s.
 
 The node list itself comes from ``--node`` / ``nodes = [...]`` and from a ``--discovery-file``
 (SMG's manifest format), reread when it changes."""

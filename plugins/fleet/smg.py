@@ -7,23 +7,25 @@ non-streamed request on another node when its node fails, and ends a stream cut 
 with an SSE error event and ``[DONE]``. It runs in its HTTP ("regular") router mode, not
 ``--backend openai`` (that mode proxies chat only and does not route by model).
 
-The node list reaches SMG through its own file discovery: the head writes SMG's manifest
-(``{"version": 1, "workers": [{"url": ...}]}``) with the nodes whose ``/health`` answers, and SMG
-rereads it when it changes (see :mod:`.nodes` for why only healthy ones). The manifest outlives
-an SMG restart, so a restarted SMG comes back with the same nodes."""
+The nodes reach SMG through its worker admin API (``POST /workers``, ``DELETE /workers/{id}``):
+the head keeps SMG's worker list equal to the nodes whose ``/health`` answers (see :mod:`.nodes`
+for why only healthy ones), each registered with the models its ``/health`` lists. Naming the
+models matters: SMG would otherwise ask the node's ``/v1/models``, which a node with a key
+policy answers with a 401, so SMG could not route to it at all (its file discovery has no such
+field for several models, nor its ``--api-key``, which would also gate every client). The list
+is reconciled every half second, so an SMG that restarts empty gets its nodes back at once."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+from typing import Callable
 
 import aiohttp
 
@@ -31,6 +33,7 @@ log = logging.getLogger("superfluid.fleet.smg")
 
 RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... consecutive quick death
 STABLE_S = 30.0  # an SMG that ran this long resets the backoff
+PENDING_S = 3.0  # a registration SMG accepted (202) is not sent again for this long
 
 
 def free_port() -> int:
@@ -42,21 +45,20 @@ def free_port() -> int:
 class Smg:
     """One supervised ``smg launch`` on 127.0.0.1."""
 
-    def __init__(self, policy: str, port: int = 0, log_level: str = "info"):
+    def __init__(self, policy: str, port: int = 0, log_level: str = "info",
+                 desired: Callable[[], dict[str, tuple[str, ...]]] = dict):
         self.policy = policy
+        self.desired = desired  # node URL -> its models: what SMG should route to
         self.port = port or free_port()
         self.metrics_port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_level = log_level
-        self._dir = tempfile.mkdtemp(prefix="superfluid-fleet-")
-        self.manifest = os.path.join(self._dir, "workers.json")
-        self.write_manifest([])
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.up = False  # SMG's own /health answered at the last check
         self.workers: dict[str, dict] = {}  # node URL -> SMG's /workers entry
         self.last_error: str | None = None
-        self.expected: list[str] = []  # the nodes the manifest lists
+        self._pending: dict[str, float] = {}  # node URL -> when its registration was accepted
         self.ready = asyncio.Event()  # set while SMG answers and routes to a listed node
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -67,22 +69,13 @@ class Smg:
         return [sys.executable, "-m", "smg", "launch",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--policy", self.policy,
-                "--discovery-provider", "file", "--discovery-file", self.manifest,
-                "--discovery-check-interval-secs", "1",
+                "--enable-igw",  # several models; workers come from POST /workers
                 # SMG's own health checks catch a dead node between two of the head's polls
                 "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
                 "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
                 "--shutdown-grace-period-secs", "5",
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
                 "--log-level", smg_level]
-
-    def write_manifest(self, urls: list[str]) -> None:
-        """Atomically replace SMG's manifest (SMG rereads it on change)."""
-        tmp = self.manifest + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"version": 1, "workers": [{"url": u} for u in urls]}, fh)
-        os.replace(tmp, self.manifest)
-        self.expected = list(urls)
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
@@ -92,6 +85,7 @@ class Smg:
     def _spawn(self) -> None:
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, start_new_session=True)
         self.started_at = time.monotonic()
+        self._pending.clear()
         log.info("SMG started (pid %d) on %s, policy %s", self.proc.pid, self.base, self.policy)
 
     async def _supervise(self) -> None:
@@ -101,6 +95,8 @@ class Smg:
             code = self.proc.poll()
             if code is None:
                 await self._check()
+                if self.up:
+                    await self.reconcile()
                 continue
             if self._stopping:
                 break
@@ -130,11 +126,56 @@ class Smg:
             log.info("SMG is up on %s", self.base)
         self.up = ok
         self.last_error = None if ok else "SMG /health did not answer 200"
-        # a (re)started SMG answers /health before it has registered the manifest's nodes
-        if ok and (not self.expected or any(self.routable(u) for u in self.expected)):
+        # a (re)started SMG answers /health before its nodes are registered again
+        desired = self.desired()
+        if ok and (not desired or any(self.routable(u) for u in desired)):
             self.ready.set()
         else:
             self.ready.clear()
+
+    async def reconcile(self) -> None:
+        """Make SMG's worker list the healthy nodes: register the missing ones (with their
+        models), remove the ones no longer healthy (SMG drains them first)."""
+        desired = self.desired()
+        now = time.monotonic()
+        for url, models in desired.items():
+            w = self.workers.get(url)
+            have = {m.get("id") for m in (w or {}).get("models") or [] if isinstance(m, dict)}
+            if w is not None and have == set(models):
+                self._pending.pop(url, None)
+                continue
+            if w is not None and w.get("status") != "draining":  # its models changed: again
+                await self._remove(url, w, "its models changed")
+                continue
+            if w is None and now - self._pending.get(url, -PENDING_S) >= PENDING_S:
+                await self._add(url, models)
+        for url, w in list(self.workers.items()):
+            if url not in desired and w.get("status") != "draining":
+                await self._remove(url, w, "not healthy")
+
+    async def _add(self, url: str, models: tuple[str, ...]) -> None:
+        spec = {"url": url, "runtime_type": "generic", "models": [{"id": m} for m in models]}
+        try:
+            async with self._session.post(self.base + "/workers", json=spec) as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("SMG: could not register node %s: %s", url, exc)
+            return
+        if resp.status in (200, 201, 202):
+            self._pending[url] = time.monotonic()
+            log.info("SMG: node %s registered (models: %s)", url, ", ".join(models))
+        elif resp.status != 409:  # 409: already there (an earlier registration went through)
+            log.warning("SMG: registering node %s answered %d: %s", url, resp.status, text[:300])
+
+    async def _remove(self, url: str, worker: dict, why: str) -> None:
+        try:
+            async with self._session.delete(f"{self.base}/workers/{worker.get('id')}") as resp:
+                ok = resp.status in (200, 202, 204, 404)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ok = False
+        if ok:
+            self._pending.pop(url, None)
+            log.info("SMG: node %s removed (%s)", url, why)
 
     def unreachable(self, error: str) -> None:
         """A request could not reach SMG: not ready until the next check says otherwise."""
@@ -188,12 +229,3 @@ class Smg:
             self.proc.wait(5)
         if self._session is not None:
             await self._session.close()
-        for name in (self.manifest, self.manifest + ".tmp"):
-            try:
-                os.unlink(name)
-            except OSError:
-                pass
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass

@@ -20,6 +20,7 @@ import pytest
 from . import serverproc
 from .conftest import TEST_CONTEXT
 from .serverproc import ServerProcess, free_port
+from superfluid.plugins.http.keys import new_key
 
 pytest.importorskip("smg")
 openai = pytest.importorskip("openai")
@@ -37,11 +38,11 @@ def node_args(model_path: str, name: str = MODEL) -> list[str]:
             "--threads", "1"]
 
 
-def start_node(model_path, log, port: int | None = None, name: str = MODEL) -> ServerProcess:
+def start_node(model_path, log, port: int | None = None, name: str = MODEL, *extra: str) -> ServerProcess:
     if port is None:
-        return ServerProcess(node_args(model_path, name), log)
+        return ServerProcess(node_args(model_path, name) + list(extra), log)
     with mock.patch.object(serverproc, "free_port", return_value=port):  # back on the same URL
-        return ServerProcess(node_args(model_path, name), log)
+        return ServerProcess(node_args(model_path, name) + list(extra), log)
 
 
 def call(base: str, method: str, path: str, body=None, headers=None, timeout=60):
@@ -115,9 +116,12 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, model_path):
     logs = tmp_path_factory.mktemp("fleet")
+    keys = logs / "keys.toml"  # the other model's node checks keys: the head passes them through
+    secret = new_key(str(keys), "agent-key", "agent")
     with ThreadPoolExecutor(3) as pool:  # the nodes load at the same time
         futures = [pool.submit(start_node, model_path, logs / f"node{i}.log") for i in range(2)]
-        futures.append(pool.submit(start_node, model_path, logs / "other.log", name=OTHER))
+        futures.append(pool.submit(start_node, model_path, logs / "other.log", None, OTHER,
+                                   "--key-policy", str(keys)))
         started = []
         try:
             started = [f.result() for f in futures]
@@ -127,6 +131,7 @@ def fleet(tmp_path_factory, model_path):
                     if f.exception() is None:
                         f.result().stop()
     nodes, other = started[:2], started[2]
+    other.secret = secret
     head = None
     try:
         head = Fleet([n.base for n in nodes], logs / "fleet.log")
@@ -319,9 +324,15 @@ def test_discovery_file_and_a_node_of_another_model(fleet, tmp_path):
         listing.write_text(json.dumps({"version": 1, "workers": [{"url": nodes[0].base}, {"url": other.base}]}))
         wait_for("the added node is routed to", lambda: head.health()[1]["nodes"].get(other.base, {}).get("routed"), 10)
         assert sorted(m.id for m in client(head).models.list().data) == sorted([MODEL, OTHER])
+        auth = {"Authorization": f"Bearer {other.secret}", "x-superfluid-qos": "interactive"}
         for model, node in ((OTHER, other), (MODEL, nodes[0])) * 2:
-            status, headers, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": model})
+            status, headers, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": model},
+                                         headers=auth if model == OTHER else None)
             assert status == 200 and body["model"] == model and headers["x-smg-routed-worker-id"] == node.base
+            if model == OTHER:  # the key reached the node, which capped the class at the key's
+                assert headers["x-superfluid-qos"] == "agent"
+        status, _, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": OTHER})
+        assert status == 401, body  # no key: the node refuses it
         status, _, body = call(head.base, "POST", "/v1/chat/completions", {**CHAT, "model": "no-such-model"})
         assert status == 404 and body["error"]["code"] == "model_not_found"
     finally:
