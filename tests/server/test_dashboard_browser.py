@@ -171,7 +171,7 @@ def test_dashboard_follows_a_qos_workload(start_server, browser):
         wait_until(lambda: all(s["state"] == "decoding" and s["generated_tokens"] >= 2 for s in lanes()),
                    60, "both agents decoding", every=0.1)
         wait_until(lambda: page_lanes(page) == ["decoding", "decoding"], 10, "the page showing both agents decoding")
-        chat = Completion(pool, srv, "Hi!", 8, "interactive")
+        chat = Completion(pool, srv, "Hi!", 24, "interactive")
         # The chat takes an agent's lane: the page's counter (or the lane's mark) shows it.
         wait_until(lambda: int(page.get_attribute("#preemptions", "data-count")) >= 1
                    or page.evaluate("window.__seen.preemptedMark"), 30, "a preemption on the page")
