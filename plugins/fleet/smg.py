@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -53,6 +54,8 @@ class Smg:
         self.metrics_port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_level = log_level
+        # SMG's worker API would let anyone on this host add or remove backends: only the head may
+        self._admin_key = secrets.token_urlsafe(24)
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.up = False  # SMG's own /health answered at the last check
@@ -73,12 +76,14 @@ class Smg:
                 # SMG's own health checks catch a dead node between two of the head's polls
                 "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
                 "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
+                "--control-plane-api-keys", f"fleet-head:superfluid fleet:admin:{self._admin_key}",
                 "--shutdown-grace-period-secs", "5",
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
                 "--log-level", smg_level]
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2),
+                                              headers={"Authorization": f"Bearer {self._admin_key}"})
         self._spawn()
         self._task = asyncio.create_task(self._supervise(), name="fleet-smg")
 
