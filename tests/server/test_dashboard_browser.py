@@ -212,7 +212,7 @@ def test_dashboard_with_a_key_policy_shows_keys(start_server, browser, tmp_path)
     secrets = {"watcher": "sk-watch-secret", "app": "sk-app-secret"}
     policy = tmp_path / "keys.toml"
     policy.write_text(f'[keys.watcher]\nsha256 = "{hash_secret(secrets["watcher"])}"\nadmin = true\n\n'
-                      f'[keys.app]\nsha256 = "{hash_secret(secrets["app"])}"\nmax-tokens = 8\n')
+                      f'[keys.app]\nsha256 = "{hash_secret(secrets["app"])}"\nrequests-per-minute = 1\n')
     srv = start_server("--key-policy", str(policy), "--max-batch", "2")
     page, errors = open_dashboard(browser, f"{srv.base}/dashboard?key={secrets['watcher']}&interval_ms={INTERVAL_MS}")
 
@@ -228,11 +228,23 @@ def test_dashboard_with_a_key_policy_shows_keys(start_server, browser, tmp_path)
             return exc.code
 
     assert ask(4) == 200
-    assert ask(50) == 400  # above the key's max-tokens
+    assert ask(4) == 429  # its one request a minute is spent: a rejection
     row = '#keys [data-key="app"]'
-    wait_until(lambda: page.query_selector(row) and int(page.get_attribute(row, "data-requests")) >= 1
-               and int(page.get_attribute(row, "data-tokens")) > 0, 15, "the app key's requests and tokens on the page")
+
+    def shown():
+        return page.query_selector(row) and {f: int(page.get_attribute(row, "data-" + f))
+                                             for f in ("requests", "tokens", "rejections")}
+    wait_until(lambda: shown() and shown()["rejections"] == 1 and shown()["tokens"] > 0, 15,
+               "the app key's request, tokens and rejection on the page")
+    assert shown()["requests"] == 1
     assert page.is_visible("#keys-panel")
-    print({a: page.get_attribute(row, "data-" + a) for a in ("requests", "tokens", "rejections")})
+    assert page.query_selector('#keys [data-key="watcher"]')  # every key of the policy is listed
+    # A key without the dashboard grant (or none) does not get the page.
+    for query, status in ((f"?key={secrets['app']}", 403), ("", 401)):
+        try:
+            urllib.request.urlopen(f"{srv.base}/dashboard{query}", timeout=10)
+            raise AssertionError(f"/dashboard{query} was served")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == status
     assert not errors, errors
     page.close()
