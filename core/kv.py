@@ -43,8 +43,8 @@ class CacheEvent:
     ``kind`` is "stored" (``holder`` now holds ``tokens[:length]``, replacing what it held),
     "removed" (``holder`` holds nothing) or "cleared" (every holder of ``medium`` holds nothing;
     ``medium`` None: of both media: the engine lost its KV). ``medium`` is "gpu" for the KV pool
-    (a free slot's cached prefix, or the prefix a lane was seeded with while it runs) and "cpu"
-    for the host tier. ``holder`` is the slot number or the host tier's key. ``tokens`` is a
+    (a free slot's cached prefix, or what a running lane's slot holds of its prompt: its seed,
+    then each prefilled chunk) and "cpu" for the host tier. ``holder`` is the slot number or the host tier's key. ``tokens`` is a
     reference, never a copy: the core only appends to a lane's tokens and never changes a cached
     token list, so ``tokens[:length]`` stays what was held."""
 
