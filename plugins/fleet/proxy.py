@@ -8,9 +8,9 @@
   embeddings request that names a class goes straight to a node that serves its model, as sent.
   So does a body that is not JSON: SMG's parser would answer it with its own 400; a node answers
   it as it would alone.
-- ``/v1/sessions...`` (SMG does not proxy them): see :mod:`.sessions`.
+- ``/v1/sessions...`` (SMG does not proxy them): see :mod:`.session_routes`.
 - A stream whose upstream ends without ``data: [DONE]`` (SMG itself died, say) gets an SSE error
-  event and ``[DONE]`` from the head, so a client never hangs. SMG already ends a stream cut by a
+  event and ``[DONE]`` from the head (:mod:`.relay`), so a client never hangs. SMG already ends a stream cut by a
   dying node that way and already retries a failed non-streamed request on another node; the
   head retries once more only when SMG itself could not be reached (it is being restarted).
 - ``/health`` and ``/metrics``: the fleet's view (nodes, SMG, the head)."""
@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -26,87 +25,16 @@ import aiohttp
 from aiohttp import web
 
 from . import metrics as metrics_page
+from .body import QOS_HEADER, body_class, body_model, carry_class, parses
 from .metrics import HeadMetrics
 from .nodes import NodeMonitor
-from .sessions import SessionMap
+from .relay import Relay, Unreachable, error, forward_headers
+from .session_routes import SessionRoutes
 from .smg import Smg
 
 log = logging.getLogger("superfluid.fleet")
 
-QOS_HEADER = "x-superfluid-qos"
-EXTENSION = "superfluid"
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "date", "server"}
 SMG_WAIT_S = 15.0  # how long a request waits for a restarting SMG before its one retry
-DONE = b"data: [DONE]"
-
-
-def error_body(message: str, code: str, type_: str = "server_error", param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def error(status: int, message: str, code: str, type_: str = "server_error", param: str | None = None,
-          headers: dict | None = None) -> web.Response:
-    return web.json_response(error_body(message, code, type_, param), status=status, headers=headers)
-
-
-def carry_class(raw: bytes, header: str | None) -> bytes:
-    """The body with the header's class moved into ``superfluid.qos``, unless the body names one
-    (or is not a JSON object: then the node's or SMG's 400 says what is wrong with it)."""
-    if header is None:
-        return raw
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return raw
-    if not isinstance(body, dict):
-        return raw
-    ext = body.get(EXTENSION)
-    if ext is None:
-        body[EXTENSION] = {"qos": header}
-    elif isinstance(ext, dict) and "qos" not in ext:
-        ext["qos"] = header
-    else:
-        return raw
-    return json.dumps(body).encode()
-
-
-def parses(raw: bytes) -> bool:
-    try:
-        json.loads(raw)
-        return True
-    except (ValueError, UnicodeDecodeError):
-        return False
-
-
-def body_class(raw: bytes) -> str | None:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    ext = body.get(EXTENSION) if isinstance(body, dict) else None
-    return ext.get("qos") if isinstance(ext, dict) else None
-
-
-def body_model(raw: bytes) -> str | None:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) else None
-
-
-def forward_headers(request: web.Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-
-
-def relay_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
-
-
-class Unreachable(Exception):
-    """The upstream (SMG or a node) could not be reached, or failed before answering."""
 
 
 class FleetApp:
@@ -115,8 +43,8 @@ class FleetApp:
         self.monitor = monitor
         self.head = head
         self.policy = policy
-        self.sessions = SessionMap(monitor)
-        self.http: aiohttp.ClientSession | None = None
+        self.relay = Relay(head)
+        self.session_routes = SessionRoutes(self.relay, monitor)
         self.started = int(time.time())
         self._restarts_seen = 0
 
@@ -131,21 +59,17 @@ class FleetApp:
         r.add_post("/v1/chat/completions", self.openai)
         r.add_post("/v1/completions", self.openai)
         r.add_post("/v1/embeddings", self.embeddings)
-        r.add_post("/v1/sessions", self.session_create)
-        r.add_get("/v1/sessions", self.session_list)
-        r.add_route("*", "/v1/sessions/{sid}{tail:(/.*)?}", self.session_call)
+        self.session_routes.add_to(app)
         r.add_route("*", "/{tail:.*}", self.to_smg)  # what SMG answers (its 404 for unknown routes)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
 
     async def _open(self, app) -> None:
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-                                          auto_decompress=False)
+        await self.relay.open()
 
     async def _close(self, app) -> None:
-        if self.http is not None:
-            await self.http.close()
+        await self.relay.close()
 
     @web.middleware
     async def _count(self, request: web.Request, handler):
@@ -159,50 +83,6 @@ class FleetApp:
         return resp
 
     # ---- the upstream call ----------------------------------------------------------------
-    async def _relay(self, request: web.Request, url: str, raw: bytes | None,
-                     headers: dict[str, str]) -> web.StreamResponse:
-        """One upstream call relayed to the client. Raises :class:`Unreachable` if it fails
-        before the client got anything (so the caller may retry)."""
-        try:
-            upstream = await self.http.request(request.method, url, data=raw, headers=headers,
-                                               params=request.query)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
-        async with upstream:
-            if not upstream.content_type == "text/event-stream":
-                try:
-                    body = await upstream.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    raise Unreachable(f"{type(exc).__name__}: {exc}") from None
-                return web.Response(status=upstream.status, body=body, headers=relay_headers(upstream))
-            out = web.StreamResponse(status=upstream.status, headers=relay_headers(upstream))
-            await out.prepare(request)
-            tail = b""
-            problem = None
-            while True:
-                try:
-                    chunk = await upstream.content.readany()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    problem = f"the upstream stream broke: {type(exc).__name__}: {exc}"
-                    break
-                if not chunk:
-                    break
-                try:
-                    await out.write(chunk)
-                except (ConnectionError, aiohttp.ClientConnectionResetError):
-                    return out  # the client left: leaving this block closes the upstream too
-                tail = (tail + chunk)[-64:]
-            if DONE not in tail:
-                problem = problem or "the upstream stream ended without [DONE]"
-                self.head.errors.labels("stream_cut").inc()
-                log.warning("%s %s: %s; ending it with an error event", request.method, request.path, problem)
-                event = error_body(f"The fleet lost this stream: {problem}", "upstream_stream_cut")
-                try:
-                    await out.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n" + DONE + b"\n\n")
-                except (ConnectionError, aiohttp.ClientConnectionResetError):
-                    return out
-            await out.write_eof()
-            return out
 
     async def _via_smg(self, request: web.Request, raw: bytes | None) -> web.StreamResponse:
         url = self.smg.base + request.path
@@ -210,7 +90,7 @@ class FleetApp:
         if not self.smg.ready.is_set():  # SMG restarting, or not yet routing to its nodes
             await self.smg.wait_ready(SMG_WAIT_S)
         try:
-            return await self._relay(request, url, raw, headers)
+            return await self.relay.call(request, url, raw, headers)
         except Unreachable as exc:
             why = str(exc)
         self.head.errors.labels("smg_unreachable").inc()
@@ -218,7 +98,7 @@ class FleetApp:
         log.warning("%s %s: SMG unreachable (%s); retrying once when it is back", request.method, request.path, why)
         if await self.smg.wait_ready(SMG_WAIT_S):
             try:
-                resp = await self._relay(request, url, raw, headers)
+                resp = await self.relay.call(request, url, raw, headers)
                 self.head.errors.labels("retried").inc()
                 return resp
             except Unreachable as exc:
@@ -251,9 +131,9 @@ class FleetApp:
             return await self._via_smg(request, raw)
         node = min(candidates, key=lambda n: (n.busy, n.url))
         try:
-            return await self._relay(request, node.url + request.path, raw, forward_headers(request))
+            return await self.relay.call(request, node.url + request.path, raw, forward_headers(request))
         except Unreachable as exc:
-            return self._node_down(node.url, str(exc))
+            return self.relay.node_down(node.url, str(exc))
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         """SMG re-serializes embeddings bodies without unknown fields and drops the header, so a
@@ -269,7 +149,7 @@ class FleetApp:
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:
-            return await self._relay(request, self.smg.base + "/v1/models", None, forward_headers(request))
+            return await self.relay.call(request, self.smg.base + "/v1/models", None, forward_headers(request))
         except Unreachable:
             return web.json_response({"object": "list", "data": self._model_entries()})
 
@@ -291,95 +171,6 @@ class FleetApp:
         return await self._via_smg(request, raw)
 
     # ---- sessions -------------------------------------------------------------------------
-    def _node_down(self, url: str, why: str | None, sid: str | None = None) -> web.Response:
-        self.head.errors.labels("node_unavailable").inc()
-        what = f"session {sid} is held by node {url}" if sid else f"node {url}"
-        return error(503, f"{what}, which is unavailable ({why or 'not healthy'}); it answers again once "
-                     f"the node is back", "node_unavailable", param="session_id" if sid else None,
-                     headers={"Retry-After": "2"})
-
-    async def session_create(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        model = body_model(raw)
-        node = self.sessions.place(model)
-        if node is None and model is not None and model not in self.monitor.models():
-            node = self.sessions.place(None)  # the node answers the 404 for an unknown model
-        if node is None:
-            return error(503, "no healthy node" + (f" serves model {model!r}" if model else ""),
-                         "no_healthy_node", headers={"Retry-After": "2"})
-        try:
-            resp = await self._relay(request, node.url + "/v1/sessions", raw, forward_headers(request))
-        except Unreachable as exc:
-            return self._node_down(node.url, str(exc))
-        if resp.status == 201 and isinstance(resp, web.Response) and resp.body is not None:
-            try:
-                sid = json.loads(resp.body)["id"]
-            except (ValueError, KeyError, TypeError):
-                sid = None
-            if isinstance(sid, str):
-                self.sessions.remember(sid, node.url)
-                self.head.sessions.labels(node.url).inc()
-                log.info("session %s: on node %s", sid, node.url)
-        return resp
-
-    async def session_list(self, request: web.Request) -> web.Response:
-        headers = forward_headers(request)
-
-        async def one(url: str):
-            try:
-                async with self.http.get(url + "/v1/sessions", headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    return url, resp.status, await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                return url, None, None
-
-        data = []
-        for url, status, body in await asyncio.gather(*(one(n.url) for n in self.monitor.healthy())):
-            if status is None:
-                continue
-            if status != 200:  # e.g. the key's 401: the same on every node
-                return web.Response(status=status, body=body, content_type="application/json")
-            try:
-                for s in json.loads(body).get("data", []):
-                    data.append(s)
-                    if isinstance(s, dict) and isinstance(s.get("id"), str):
-                        self.sessions.remember(s["id"], url)
-            except (ValueError, AttributeError):
-                continue
-        return web.json_response({"object": "list", "data": data})
-
-    async def _find(self, request: web.Request, sid: str) -> str | None:
-        """A session the head did not place (the head restarted; nodes keep sessions with
-        --state-dir): ask the healthy nodes."""
-        for node in self.monitor.healthy():
-            try:
-                async with self.http.get(f"{node.url}/v1/sessions/{sid}", headers=forward_headers(request),
-                                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    if resp.status == 200:
-                        self.sessions.remember(sid, node.url)
-                        return node.url
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                continue
-        return None
-
-    async def session_call(self, request: web.Request) -> web.StreamResponse:
-        sid = request.match_info["sid"]
-        url = self.sessions.node_of(sid) or await self._find(request, sid)
-        if url is None:
-            return error(404, f"No session with id {sid!r}", "session_not_found", "invalid_request_error",
-                         "session_id")
-        node = self.monitor.nodes.get(url)
-        if node is None or not node.healthy:
-            return self._node_down(url, node.last_error if node else "no longer listed", sid)
-        raw = await request.read() if request.can_read_body else None
-        try:
-            resp = await self._relay(request, url + request.path, raw, forward_headers(request))
-        except Unreachable as exc:
-            return self._node_down(url, str(exc), sid)
-        if request.method == "DELETE" and request.match_info["tail"] == "" and resp.status == 200:
-            self.sessions.forget(sid)
-            self.head.sessions.labels(url).dec()
-        return resp
 
     # ---- the fleet's view -----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -407,7 +198,7 @@ class FleetApp:
 
         async def page(url: str):
             try:
-                async with self.http.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                async with self.relay.http.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=3)) as resp:
                     return url, (await resp.text()) if resp.status == 200 else None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 return url, None

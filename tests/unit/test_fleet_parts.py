@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from superfluid.plugins.fleet.metrics import HeadMetrics, render
 from superfluid.plugins.fleet.nodes import Node, NodeMonitor, read_discovery
-from superfluid.plugins.fleet.proxy import carry_class
+from superfluid.plugins.fleet.body import carry_class
 from superfluid.plugins.fleet.sessions import SessionMap
 
 

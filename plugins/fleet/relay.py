@@ -1,0 +1,112 @@
+"""One upstream call (to SMG or straight to a node) relayed to the client, byte for byte, with
+the one guarantee the head adds to streams: a stream that ends without ``data: [DONE]``, or
+breaks, ends with an SSE error event and ``[DONE]``, so a client never waits on a dead upstream.
+A call that fails before the client got anything raises :class:`Unreachable`, so the caller
+may retry it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from .metrics import HeadMetrics
+
+log = logging.getLogger("superfluid.fleet")
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "date", "server"}
+DONE = b"data: [DONE]"
+
+
+def error_body(message: str, code: str, type_: str = "server_error", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error(status: int, message: str, code: str, type_: str = "server_error", param: str | None = None,
+          headers: dict | None = None) -> web.Response:
+    return web.json_response(error_body(message, code, type_, param), status=status, headers=headers)
+
+
+def forward_headers(request: web.Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+def relay_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    return {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+class Unreachable(Exception):
+    """The upstream (SMG or a node) could not be reached, or failed before answering."""
+
+
+class Relay:
+    """The head's client session for upstream calls, and the relaying itself."""
+
+    def __init__(self, head: HeadMetrics):
+        self.head = head
+        self.http: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                                          auto_decompress=False)
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+
+    def node_down(self, url: str, why: str | None, sid: str | None = None) -> web.Response:
+        """503 ``node_unavailable`` naming the node (and the session it holds)."""
+        self.head.errors.labels("node_unavailable").inc()
+        what = f"session {sid} is held by node {url}" if sid else f"node {url}"
+        return error(503, f"{what}, which is unavailable ({why or 'not healthy'}); it answers again once "
+                     f"the node is back", "node_unavailable", param="session_id" if sid else None,
+                     headers={"Retry-After": "2"})
+
+    async def call(self, request: web.Request, url: str, raw: bytes | None,
+                   headers: dict[str, str]) -> web.StreamResponse:
+        """One upstream call relayed to the client. Raises :class:`Unreachable` if it fails
+        before the client got anything (so the caller may retry)."""
+        try:
+            upstream = await self.http.request(request.method, url, data=raw, headers=headers,
+                                               params=request.query)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+        async with upstream:
+            if not upstream.content_type == "text/event-stream":
+                try:
+                    body = await upstream.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    raise Unreachable(f"{type(exc).__name__}: {exc}") from None
+                return web.Response(status=upstream.status, body=body, headers=relay_headers(upstream))
+            out = web.StreamResponse(status=upstream.status, headers=relay_headers(upstream))
+            await out.prepare(request)
+            tail = b""
+            problem = None
+            while True:
+                try:
+                    chunk = await upstream.content.readany()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    problem = f"the upstream stream broke: {type(exc).__name__}: {exc}"
+                    break
+                if not chunk:
+                    break
+                try:
+                    await out.write(chunk)
+                except (ConnectionError, aiohttp.ClientConnectionResetError):
+                    return out  # the client left: leaving this block closes the upstream too
+                tail = (tail + chunk)[-64:]
+            if DONE not in tail:
+                problem = problem or "the upstream stream ended without [DONE]"
+                self.head.errors.labels("stream_cut").inc()
+                log.warning("%s %s: %s; ending it with an error event", request.method, request.path, problem)
+                event = error_body(f"The fleet lost this stream: {problem}", "upstream_stream_cut")
+                try:
+                    await out.write(b"\n\ndata: " + json.dumps(event).encode() + b"\n\n" + DONE + b"\n\n")
+                except (ConnectionError, aiohttp.ClientConnectionResetError):
+                    return out
+            await out.write_eof()
+            return out
