@@ -129,6 +129,14 @@ def test_report_from_a_canned_run():
     assert "| agent (peer) | - | lost: no answer within 120 s |" in qos_text
     assert "| head | 200 | 32.00 | 50.00 | 2.00 | 5.00 |" in text
     assert tally([])["sent"] == 0
+    faults = {"down_at_start": {"head_health_status": 200, "late_node_healthy": False, "late_node_routed": False,
+                                "chat": {"kind": "completed", "status": 200}, "started_ready_s": 3.0,
+                                "routed_after_ready_s": 1.1},
+              "unknown_model": {"status": 404, "error": "No worker available for model 'x'"},
+              "all_down": {"unhealthy_after_s": 2.0, "head_health_status": 503,
+                           "chat": {"status": 503, "error": "no workers"}}}
+    text = markdown({"faults": faults})
+    assert "routed to 1.10 s after it answers" in text and "HTTP 404: No worker" in text and "HTTP 503: no" in text
 
 
 # ---- the client against a fake upstream -----------------------------------------------------------

@@ -14,6 +14,8 @@ and the things issue 20 asks the head to show, measured:
    token; the same chat as class ``agent`` is the peer in the same run. Goal: <= 1 s.
 4. **overhead**: one small chat sent N times, sequentially, to a node directly, through the head
    and (when the head is ``superfluid fleet``) through SMG alone; p50/p99 of each.
+5. **faults**: a node down when the head starts (the head's /health, a chat, the time until the
+   node is routed to once it comes up), a model no node serves, and every node gone.
 
     .venv/bin/python -m tools.bench.fleet --out /tmp/fleet-bench            # all four
     .venv/bin/python -m tools.bench.fleet --out DIR --only affinity,kill
@@ -43,7 +45,7 @@ from tools.bench.fleet_procs import BIN, Head, Node
 from tools.bench.fleet_requests import Outcome, chat, chat_body, tally
 from tools.bench.fleet_report import markdown
 
-STAGES = ("refusals", "affinity", "kill", "qos", "overhead")
+STAGES = ("refusals", "affinity", "kill", "qos", "overhead", "faults")
 REFUSED = (["--class-lanes", "agent=2"], ["--http-default-qos", "batch"], ["--no-http-qos-header"],
            ["--http-allow-batch-invariant"])
 PREFILLED = "superfluid_prefill_tokens_total"
@@ -88,20 +90,23 @@ class Fleet:
         self.policy = policy
         self.model: str | None = None
 
-    def start(self) -> "Fleet":
-        for n in self.nodes:
+    def start(self, held_back: int = 0) -> "Fleet":
+        """Start the nodes (but the last ``held_back``: the head is given them while they are down)
+        and the head."""
+        up = self.nodes[:len(self.nodes) - held_back]
+        for n in up:
             n.start()
-        for n in self.nodes:
+        for n in up:
             took = n.wait_ready()
             log(f"{self.stage}: node{n.index} ready on {n.base} in {took:.1f} s")
-        self.head = self.add_head(self.kind, self.policy)
+        self.head = self.add_head(self.kind, self.policy, up=up)
         return self
 
-    def add_head(self, kind: str, policy: str, tag: str = "") -> Head:
+    def add_head(self, kind: str, policy: str, tag: str = "", up: list[Node] | None = None) -> Head:
         head = Head(kind, self.nodes, policy, self.log_dir, tag)
         self.heads.append(head)
         took = head.wait_ready()
-        self.wait_nodes(head, True, 60.0, key="routed")
+        self.wait_nodes(head, True, 60.0, up, key="routed")
         log(f"{self.stage}: head {kind} --policy {policy} ready on {head.base} in {took:.1f} s")
         return head
 
@@ -440,6 +445,48 @@ def overhead(args) -> dict:
         fleet.close()
 
 
+# ---- 5. faults at the head --------------------------------------------------------------------
+
+async def _faults(args, fleet: Fleet, model: str) -> dict:
+    head, late = fleet.head, fleet.nodes[-1]
+    out: dict = {}
+    status, body = await asyncio.to_thread(head.health)
+    out["down_at_start"] = {"head_health_status": status,
+                            "late_node_healthy": await asyncio.to_thread(head.node_healthy, late),
+                            "late_node_routed": await asyncio.to_thread(head.node_healthy, late, "routed")}
+    async with session() as s:
+        msgs = [{"role": "user", "content": "Say yes."}]
+        o = await chat(s, head.base, chat_body(model, msgs, 2, False, None), 60, 60)
+        out["down_at_start"]["chat"] = {"kind": o.kind, "status": o.status, "worker": o.worker}
+        t0 = time.monotonic()
+        await asyncio.to_thread(late.start)
+        ready = await asyncio.to_thread(late.wait_ready)
+        routed = await asyncio.to_thread(fleet.wait_nodes, head, True, 60.0, [late], "routed")
+        out["down_at_start"].update({"started_ready_s": round(ready, 1),
+                                     "routed_after_ready_s": None if routed is None else round(routed, 2),
+                                     "since_start_s": round(time.monotonic() - t0, 1)})
+        o = await chat(s, head.base, chat_body("no-such-model", msgs, 2, False, None), 60, 60)
+        out["unknown_model"] = {"status": o.status, "error": o.error}
+        for n in fleet.nodes:
+            await asyncio.to_thread(n.kill)
+        went = await asyncio.to_thread(fleet.wait_nodes, head, False, 30.0)
+        status, body = await asyncio.to_thread(head.health)
+        o = await chat(s, head.base, chat_body(model, msgs, 2, False, None), 60, 60)
+        out["all_down"] = {"unhealthy_after_s": None if went is None else round(went, 2), "head_health_status": status,
+                           "chat": {"kind": o.kind, "status": o.status, "error": o.error}}
+    return out
+
+
+def faults(args) -> dict:
+    fleet = Fleet(args, "faults", "cache_aware")
+    try:
+        fleet.start(held_back=1)
+        model = asyncio.run(model_of(fleet.nodes[0].base))
+        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(_faults(args, fleet, model))}
+    finally:
+        fleet.close()
+
+
 # ---- the command --------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
@@ -496,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "head": args.head,
                      "command": " ".join(["python -m tools.bench.fleet", *(argv if argv is not None else sys.argv[1:])]),
                      "commit": _commit(), "settings": {k: v for k, v in vars(args).items() if k != "out"}}
-    runners = {"refusals": refusals, "affinity": affinity, "kill": kill, "qos": qos, "overhead": overhead}
+    runners = {"refusals": refusals, "affinity": affinity, "kill": kill, "qos": qos, "overhead": overhead,
+               "faults": faults}
     status = 0
     for stage in stages:
         log(f"stage {stage}")

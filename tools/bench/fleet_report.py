@@ -86,10 +86,25 @@ def overhead_md(o: dict) -> list[str]:
     return out + [""]
 
 
+def faults_md(f: dict) -> list[str]:
+    if "error" in f:
+        return [f"Faults: failed: {f['error']}", ""]
+    d, u, a = f["down_at_start"], f["unknown_model"], f["all_down"]
+    return ["Faults at the head", "",
+            f"- a node down when the head starts: head /health {d['head_health_status']}, the node healthy "
+            f"{d['late_node_healthy']}, routed {d['late_node_routed']}; a chat: {d['chat']['kind']} "
+            f"({d['chat']['status']}); the node started (ready in {d['started_ready_s']} s) is routed to "
+            f"{_f(d['routed_after_ready_s'])} s after it answers",
+            f"- a model no node serves: HTTP {u['status']}: {u['error']}",
+            f"- every node killed: the head calls them all unhealthy after {_f(a['unhealthy_after_s'])} s; "
+            f"head /health {a['head_health_status']}; a chat: HTTP {a['chat']['status']}: {a['chat']['error']}", ""]
+
+
 def markdown(results: dict) -> str:
     out = [f"Fleet bench, {results.get('date')}, commit {results.get('commit')}, head: {results.get('head')}",
            f"`{results.get('command')}`", ""]
-    for key, fn in (("refusals", refusals_md), ("affinity", affinity_md), ("kill", kill_md), ("qos", qos_md), ("overhead", overhead_md)):
+    for key, fn in (("refusals", refusals_md), ("affinity", affinity_md), ("kill", kill_md), ("qos", qos_md),
+                    ("overhead", overhead_md), ("faults", faults_md)):
         if key in results:
             out += fn(results[key])
     return "\n".join(out)
