@@ -136,7 +136,8 @@ def test_report_from_a_canned_run():
               "all_down": {"unhealthy_after_s": 2.0, "head_health_status": 503,
                            "chat": {"status": 503, "error": "no workers"}}}
     text = markdown({"faults": faults})
-    assert "routed to 1.10 s after it answers" in text and "HTTP 404: No worker" in text and "HTTP 503: no" in text
+    assert "routed to 1.10 s after it answers" in text and "HTTP 404 `None`: No worker" in text
+    assert "HTTP 503 `None`: no" in text
 
 
 # ---- the client against a fake upstream -----------------------------------------------------------
@@ -146,7 +147,8 @@ async def _fake_upstream(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     mode = body["messages"][0]["content"]
     if mode == "status":
-        return web.json_response({"error": {"message": "model 'x' not found", "type": "invalid_request_error"}},
+        return web.json_response({"error": {"message": "model 'x' not found", "type": "invalid_request_error",
+                                            "code": "model_not_found"}},
                                  status=404)
     if not body.get("stream"):
         if mode == "hang":
@@ -159,7 +161,8 @@ async def _fake_upstream(request: web.Request) -> web.StreamResponse:
     if mode == "ok":
         await resp.write(b"data: [DONE]\n\n")
     elif mode == "error":
-        await resp.write(b'data: {"error":{"message":"node died","type":"stream_error"}}\n\ndata: [DONE]\n\n')
+        await resp.write(b'data: {"error":{"message":"node died","type":"stream_error","code":"stream_cut"}}\n\n'
+                         b"data: [DONE]\n\n")
     elif mode == "hang":
         await asyncio.sleep(2)
     # "cut": end the body with neither [DONE] nor an error
@@ -195,12 +198,13 @@ def test_chat_outcomes_against_a_fake_upstream(upstream):
 
     ok, err, cut, hang, whole, hung, status = loop.run_until_complete(go())
     assert ok.kind == "completed" and ok.ttft is not None and ok.ttft < 1.0
-    assert err.kind == "error" and err.error == "node died"
+    assert err.kind == "error" and err.error == "node died" and err.code == "stream_cut"
     assert cut.kind == "truncated"
     assert hang.kind == "lost" and hang.seconds < 1.5
     assert whole.kind == "completed" and whole.prompt_tokens == 7 and whole.worker == "http://node:1"
     assert hung.kind == "lost"
     assert status.kind == "error" and status.status == 404 and "not found" in status.error
+    assert status.code == "model_not_found"
     counts = tally([ok, err, cut, hang, whole, hung, status])
     assert (counts["completed"], counts["error"], counts["truncated"], counts["lost"]) == (2, 2, 1, 2)
     assert json.dumps([o.to_json() for o in (ok, err)])

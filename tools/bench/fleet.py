@@ -466,14 +466,14 @@ async def _faults(args, fleet: Fleet, model: str) -> dict:
                                      "routed_after_ready_s": None if routed is None else round(routed, 2),
                                      "since_start_s": round(time.monotonic() - t0, 1)})
         o = await chat(s, head.base, chat_body("no-such-model", msgs, 2, False, None), 60, 60)
-        out["unknown_model"] = {"status": o.status, "error": o.error}
+        out["unknown_model"] = {"status": o.status, "error": o.error, "code": o.code}
         for n in fleet.nodes:
             await asyncio.to_thread(n.kill)
         went = await asyncio.to_thread(fleet.wait_nodes, head, False, 30.0)
         status, body = await asyncio.to_thread(head.health)
         o = await chat(s, head.base, chat_body(model, msgs, 2, False, None), 60, 60)
         out["all_down"] = {"unhealthy_after_s": None if went is None else round(went, 2), "head_health_status": status,
-                           "chat": {"kind": o.kind, "status": o.status, "error": o.error}}
+                           "chat": {"kind": o.kind, "status": o.status, "error": o.error, "code": o.code}}
     return out
 
 

@@ -95,9 +95,10 @@ def faults_md(f: dict) -> list[str]:
             f"{d['late_node_healthy']}, routed {d['late_node_routed']}; a chat: {d['chat']['kind']} "
             f"({d['chat']['status']}); the node started (ready in {d['started_ready_s']} s) is routed to "
             f"{_f(d['routed_after_ready_s'])} s after it answers",
-            f"- a model no node serves: HTTP {u['status']}: {u['error']}",
+            f"- a model no node serves: HTTP {u['status']} `{u.get('code')}`: {u['error']}",
             f"- every node killed: the head calls them all unhealthy after {_f(a['unhealthy_after_s'])} s; "
-            f"head /health {a['head_health_status']}; a chat: HTTP {a['chat']['status']}: {a['chat']['error']}", ""]
+            f"head /health {a['head_health_status']}; a chat: HTTP {a['chat']['status']} `{a['chat'].get('code')}`: "
+            f"{a['chat']['error']}", ""]
 
 
 def markdown(results: dict) -> str:

@@ -36,6 +36,7 @@ class Outcome:
     prompt_tokens: int | None = None
     events: int = 0  # data: events read (streams)
     worker: str | None = None  # the node SMG says served it (its x-smg-routed-worker-id header)
+    code: str | None = None  # the error's code, when its body or event has one
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -51,6 +52,12 @@ def error_message(data) -> str | None:
     return None
 
 
+def error_code(data) -> str | None:
+    err = data.get("error") if isinstance(data, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return str(code) if code is not None else None
+
+
 def has_content(chunk) -> bool:
     if not isinstance(chunk, dict):
         return False
@@ -62,6 +69,7 @@ class StreamState:
     """What an SSE body said so far: fed one line at a time (pure, so it is unit-tested)."""
     done: bool = False
     error: str | None = None
+    code: str | None = None
     first_content: bool = False
     events: int = 0
     usage: dict | None = None
@@ -84,7 +92,7 @@ class StreamState:
             return False
         msg = error_message(chunk)
         if msg is not None:
-            self.error = msg
+            self.error, self.code = msg, error_code(chunk)
             return False
         if isinstance(chunk, dict) and chunk.get("usage"):
             self.usage = chunk["usage"]
@@ -123,7 +131,8 @@ async def chat(session: aiohttp.ClientSession, base: str, body: dict, timeout: f
                 if r.status != 200:
                     text = await r.text()
                     try:
-                        out.error = error_message(json.loads(text)) or text[:300]
+                        data = json.loads(text)
+                        out.error, out.code = error_message(data) or text[:300], error_code(data)
                     except ValueError:
                         out.error = text[:300] or f"HTTP {r.status}"
                     out.kind = "error"
@@ -134,7 +143,7 @@ async def chat(session: aiohttp.ClientSession, base: str, body: dict, timeout: f
                             out.ttft = time.perf_counter() - t0
                         if state.done or state.error is not None:
                             break
-                    out.kind, out.error, out.events = state.outcome(), state.error, state.events
+                    out.kind, out.error, out.code, out.events = state.outcome(), state.error, state.code, state.events
                     out.prompt_tokens = (state.usage or {}).get("prompt_tokens")
                     if out.kind == "truncated":
                         out.error = "stream ended without [DONE] or an error event"
@@ -159,6 +168,7 @@ def tally(outcomes: list[Outcome]) -> dict:
     errors: dict[str, int] = {}
     for o in outcomes:
         if o.kind != "completed" and o.error:
-            key = f"{o.kind}{' stream' if o.stream else ''}: {o.error}"
+            code = f" [{o.code}]" if o.code else ""
+            key = f"{o.kind}{' stream' if o.stream else ''}{code}: {o.error}"
             errors[key] = errors.get(key, 0) + 1
     return {"sent": len(outcomes), **counts, "errors": errors}
