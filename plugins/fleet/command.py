@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import signal
 import sys
@@ -30,6 +31,10 @@ def run(args: argparse.Namespace) -> int:
         config = from_args(args)
     except ConfigError as exc:
         print(f"superfluid fleet: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("smg") is None:
+        print("superfluid fleet: SMG (Shepherd Model Gateway) is not installed; pip install 'superfluid[fleet]'",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

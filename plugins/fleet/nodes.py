@@ -68,6 +68,10 @@ def read_discovery(path: str) -> list[str]:
     return urls
 
 
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 class NodeMonitor:
     """Polls the nodes, keeps :class:`Node` records, and tells ``on_change`` which nodes are
     healthy whenever that set changes."""
@@ -176,7 +180,7 @@ class NodeMonitor:
         if isinstance(models, dict):
             node.models = tuple(name for name, m in models.items()
                                 if not (isinstance(m, dict) and m.get("state") in ("unloaded", "loading")))
-            node.busy = sum(int(m.get("lanes_busy", 0)) + int(m.get("queued", 0))
+            node.busy = sum(_count(m.get("lanes_busy")) + _count(m.get("queued"))
                             for m in models.values() if isinstance(m, dict))
         if error is None:
             node.failures = 0
