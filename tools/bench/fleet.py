@@ -50,6 +50,7 @@ REFUSED = (["--class-lanes", "agent=2"], ["--http-default-qos", "batch"], ["--no
            ["--http-allow-batch-invariant"])
 PREFILLED = "superfluid_prefill_tokens_total"
 REQUESTS = "superfluid_requests_total"
+RETRIES = "smg_worker_retries_total"  # SMG's: a failed non-streamed request sent to another node
 
 
 def log(msg: str) -> None:
@@ -230,6 +231,7 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
             return chat_body(model, msgs[i], args.burst_tokens, stream, None)
 
         before_kill = [n.metrics().get(REQUESTS, 0.0) for n in fleet.nodes]
+        retries_before = await asyncio.to_thread(head.metric, RETRIES)
         t_start = time.monotonic()
         burst = [asyncio.create_task(chat(s, head.base, body(i), args.timeout, args.read_timeout))
                  for i in range(args.burst)]
@@ -277,6 +279,7 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
         await probe_task
         probe_out = await asyncio.gather(*probes)
         log(f"kill: burst {tally(burst_out)}")
+        retries_after = await asyncio.to_thread(head.metric, RETRIES)
 
         failed_probes = [p for p in probe_out if p.kind != "completed"]
         to_victim = [p for p in probe_out if p.worker == victim.base]
@@ -302,6 +305,7 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
         "served_by_victim_before_kill": sum(1 for o in burst_out if o.worker == victim.base and o.kind == "completed"
                                             and o.sent_at + o.seconds < t_kill), "requests_before_burst": before_kill,
         "counts": tally(burst_out),
+        "smg_retries": None if retries_before is None or retries_after is None else retries_after - retries_before,
         "streams": tally([o for o in burst_out if o.stream]),
         "failed_streams_with_content": sum(1 for o in burst_out if o.stream and o.kind != "completed" and o.ttft),
         "failed_ended_after_kill_s_max": max((round(o.sent_at + o.seconds - t_kill, 2) for o in burst_out
@@ -348,7 +352,7 @@ async def _qos(args, fleet: Fleet, model: str) -> dict:
                                            args.timeout, args.timeout))
                   for i in range(args.agents)]
         t0 = time.monotonic()
-        lanes = sum(n for n in [args.qos_max_batch] * len(fleet.nodes))
+        lanes = args.qos_max_batch * len(fleet.nodes)
         while time.monotonic() - t0 < 30.0:  # until the agents hold the lanes (bounded)
             busy = await asyncio.to_thread(lambda: [n.busy() for n in fleet.nodes])
             if sum(busy) >= min(args.agents, lanes):

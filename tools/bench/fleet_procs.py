@@ -208,6 +208,17 @@ class Head:
             data = None
         return node_state(data, node.base)
 
+    def metric(self, name: str) -> float | None:
+        """A sample's sum on the head's /metrics (the fleet head's page includes SMG's own
+        series); None where the head has no such page or no such series."""
+        status, body = get(self.base + "/metrics", timeout=10.0)
+        if status != 200:
+            return None
+        try:
+            return metric_sums(body).get(name)
+        except ValueError:
+            return None
+
     def stop(self) -> None:
         self.proc.stop()
 

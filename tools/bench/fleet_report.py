@@ -45,6 +45,7 @@ def kill_md(k: dict) -> list[str]:
            "| sent | completed | failed with an error | truncated | lost |", "|---:|---:|---:|---:|---:|",
            f"| {c['sent']} | {c['completed']} | {c['error']} | {c['truncated']} | {c['lost']} |", "",
            f"- errors: {_errors(c['errors'])}",
+           f"- requests SMG retried on another node (smg_worker_retries_total): {_f(k.get('smg_retries'), '.0f')}",
            f"- streams: {k['streams']['completed']}/{k['streams']['sent']} completed, "
            f"{k['streams']['error']} ended with an error event ({k.get('failed_streams_with_content')} of them "
            f"after some content; the last failure ended {_f(k.get('failed_ended_after_kill_s_max'))} s after the "
