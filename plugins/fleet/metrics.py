@@ -28,7 +28,7 @@ class HeadMetrics:
         self.smg_up = Gauge("superfluid_fleet_smg_up", "1 while SMG answers its /health", registry=self.registry)
         self.smg_restarts = Counter("superfluid_fleet_smg_restarts", "Times the head restarted SMG after it exited",
                                     registry=self.registry)
-        self.sessions = Gauge("superfluid_fleet_sessions", "Sessions the head routes, by node", ["node"],
+        self.sessions = Gauge("superfluid_fleet_sessions", "Sessions the head knows, by the node that holds them", ["node"],
                               registry=self.registry)
 
 

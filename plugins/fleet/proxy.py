@@ -189,8 +189,12 @@ class FleetApp:
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        held: dict[str, int] = {}
+        for url in self.session_routes.sessions.owner.values():
+            held[url] = held.get(url, 0) + 1
         for url, node in self.monitor.nodes.items():
             self.head.node_healthy.labels(url).set(1 if node.healthy else 0)
+            self.head.sessions.labels(url).set(held.get(url, 0))
         self.head.smg_up.set(1 if self.smg.up else 0)
         if self.smg.restarts > self._restarts_seen:
             self.head.smg_restarts.inc(self.smg.restarts - self._restarts_seen)

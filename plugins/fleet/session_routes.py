@@ -49,7 +49,6 @@ class SessionRoutes:
                 sid = None
             if isinstance(sid, str):
                 self.sessions.remember(sid, node.url)
-                self.relay.head.sessions.labels(node.url).inc()
                 log.info("session %s: on node %s", sid, node.url)
         return resp
 
@@ -59,7 +58,7 @@ class SessionRoutes:
         async def one(url: str):
             try:
                 async with self.relay.http.get(url + "/v1/sessions", headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                                               timeout=aiohttp.ClientTimeout(total=10)) as resp:
                     return url, resp.status, await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 return url, None, None
@@ -85,7 +84,7 @@ class SessionRoutes:
         for node in self.monitor.healthy():
             try:
                 async with self.relay.http.get(f"{node.url}/v1/sessions/{sid}", headers=forward_headers(request),
-                                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                                               timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     if resp.status == 200:
                         self.sessions.remember(sid, node.url)
                         return node.url
@@ -109,5 +108,4 @@ class SessionRoutes:
             return self.relay.node_down(url, str(exc), sid)
         if request.method == "DELETE" and request.match_info["tail"] == "" and resp.status == 200:
             self.sessions.forget(sid)
-            self.relay.head.sessions.labels(url).dec()
         return resp
