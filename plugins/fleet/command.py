@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 async def serve(config: FleetConfig) -> None:
     def on_change(healthy: list[str]) -> None:
         log.info("%d healthy node(s): %s", len(healthy), ", ".join(healthy) or "none")
+        smg.nodes_changed()
 
     monitor = NodeMonitor(config.nodes, config.discovery_file, on_change)
     smg = Smg(config.policy, config.smg_port, config.log_level,

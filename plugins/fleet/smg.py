@@ -62,6 +62,7 @@ class Smg:
         self.workers: dict[str, dict] = {}  # node URL -> SMG's /workers entry
         self.last_error: str | None = None
         self._pending: dict[str, float] = {}  # node URL -> when its registration was accepted
+        self._poke = asyncio.Event()  # the healthy set changed: reconcile now, not at the next tick
         self.ready = asyncio.Event()  # set while SMG answers and routes to a listed node
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -96,7 +97,11 @@ class Smg:
     async def _supervise(self) -> None:
         quick_deaths = 0
         while not self._stopping:
-            await asyncio.sleep(0.5)
+            try:
+                await asyncio.wait_for(self._poke.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            self._poke.clear()
             code = self.proc.poll()
             if code is None:
                 await self._check()
@@ -137,6 +142,10 @@ class Smg:
             self.ready.set()
         else:
             self.ready.clear()
+
+    def nodes_changed(self) -> None:
+        """The set of healthy nodes changed: bring SMG's worker list in line at once."""
+        self._poke.set()
 
     async def reconcile(self) -> None:
         """Make SMG's worker list the healthy nodes: register the missing ones (with their
