@@ -8,6 +8,7 @@ EventSource cannot send headers, so these two routes (and only these) also take 
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 from aiohttp import web
@@ -21,6 +22,7 @@ log = logging.getLogger("superfluid.http")
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 QUERY = ("model", "interval_ms", "key")
+SEND_BUFFER = 128 * 1024  # bytes of kernel send buffer per stream: minutes of snapshots, bounded
 
 
 class DashboardMissing(SuperfluidError):
@@ -85,6 +87,12 @@ class EventsRoutes:
             self.hub.close(reader)
             raise
         transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:  # a stalled reader holds at most this much in the kernel (no autotuning to 4 MiB)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            except OSError:
+                pass
         await self.hub.stream(reader, response.write, transport.abort if transport is not None else None,
                               peer=request.remote or "-")
         return response

@@ -1,0 +1,195 @@
+"""Watching costs nothing: throughput of a fixed workload with no /events readers against ten.
+
+    python -m tools.bench.watchers --json watchers.json
+
+One superfluid server (started here on a free loopback port with the default model, or
+``--target URL``). A round is a fixed, bounded workload: ``--concurrency`` completions of
+``--max-tokens`` tokens each (``ignore_eos``, temperature 0, one prompt), timed from the first
+request to the last reply; its throughput is completion tokens over that wall time. Rounds
+alternate A (no reader) and B (``--readers`` open /events streams at ``--interval-ms``, of which
+``--stalled`` are sockets that never read, behind a tiny receive buffer), A B A B ..., after a warm-up
+round, so drift on a shared machine falls on both alike. The readers are connected before a B round
+starts and closed after it.
+
+Reported: each round's tokens/s, the median per mode, and the ratio B / A of the medians (the goal:
+at least 0.99), also per adjacent pair; the snapshots the reading watchers got and how many were
+coalesced. A JSON report (``--json``) and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def one(session: aiohttp.ClientSession, base: str, model: str, max_tokens: int) -> int:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    async with session.post(f"{base}/v1/completions", json=body) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"{r.status}: {data}")
+        return data["usage"]["completion_tokens"]
+
+
+async def workload(session, base: str, model: str, concurrency: int, max_tokens: int) -> dict:
+    start = time.perf_counter()
+    tokens = await asyncio.gather(*(one(session, base, model, max_tokens) for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {"tokens": sum(tokens), "seconds": round(wall, 3), "tokens_per_s": round(sum(tokens) / wall, 2)}
+
+
+class Watchers:
+    """``readers`` open /events streams: the reading ones count what they get."""
+
+    def __init__(self, base: str, readers: int, stalled: int, interval_ms: int):
+        self.base, self.readers, self.stalled, self.interval_ms = base, readers, stalled, interval_ms
+        self.snapshots = self.coalesced = 0
+        self._tasks: list[asyncio.Task] = []
+        self._socks: list[socket.socket] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _read(self, ready: asyncio.Event):
+        async with self._session.get(f"{self.base}/events?interval_ms={self.interval_ms}") as r:
+            if r.status != 200:
+                raise RuntimeError(f"/events: {r.status} {await r.text()}")
+            ready.set()
+            async for line in r.content:
+                if line.startswith(b"data: {\"seq\""):
+                    snap = json.loads(line[6:])
+                    self.snapshots += 1
+                    self.coalesced += snap["coalesced"]
+
+    def _stall(self) -> socket.socket:
+        host, port = self.base.split("//")[1].rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.connect((host, int(port)))
+        sock.sendall(f"GET /events?interval_ms={self.interval_ms} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        return sock
+
+    async def __aenter__(self):
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=None, sock_read=60))
+        readies = []
+        for _ in range(self.readers - self.stalled):
+            ready = asyncio.Event()
+            readies.append(ready)
+            self._tasks.append(asyncio.create_task(self._read(ready)))
+        self._socks = [self._stall() for _ in range(self.stalled)]
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 30)
+        await asyncio.sleep(self.interval_ms / 1000 * 2)  # every reader has had its first snapshots
+        return self
+
+    async def __aexit__(self, *exc):
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sock in self._socks:
+            sock.close()
+        await self._session.close()
+        for r in results:
+            if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError):
+                raise r
+
+
+async def run(args, base: str) -> dict:
+    rounds: list[dict] = []
+    seen = {"snapshots": 0, "coalesced": 0}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=args.timeout)) as session:
+        async with session.get(f"{base}/v1/models") as r:
+            model = args.model_name or (await r.json())["data"][0]["id"]
+        await workload(session, base, model, args.concurrency, args.max_tokens)  # warm-up, not counted
+        for i in range(args.rounds * 2):
+            mode = "A" if i % 2 == 0 else "B"
+            if mode == "A":
+                result = await workload(session, base, model, args.concurrency, args.max_tokens)
+            else:
+                async with Watchers(base, args.readers, args.stalled, args.interval_ms) as w:
+                    result = await workload(session, base, model, args.concurrency, args.max_tokens)
+                seen["snapshots"] += w.snapshots
+                seen["coalesced"] += w.coalesced
+            rounds.append({"round": i, "mode": mode, **result})
+            print(f"round {i} {mode}: {result['tokens_per_s']} tok/s", file=sys.stderr, flush=True)
+    a = [r["tokens_per_s"] for r in rounds if r["mode"] == "A"]
+    b = [r["tokens_per_s"] for r in rounds if r["mode"] == "B"]
+    pairs = [round(rb / ra, 4) for ra, rb in zip(a, b)]
+    return {"settings": {"concurrency": args.concurrency, "max_tokens": args.max_tokens, "rounds": args.rounds,
+                         "readers": args.readers, "stalled": args.stalled, "interval_ms": args.interval_ms,
+                         "max_batch": args.max_batch},
+            "rounds": rounds, "median_A": statistics.median(a), "median_B": statistics.median(b),
+            "ratio": round(statistics.median(b) / statistics.median(a), 4), "pair_ratios": pairs,
+            "median_pair_ratio": statistics.median(pairs), "watchers": seen}
+
+
+def table(report: dict) -> str:
+    s = report["settings"]
+    rows = [f"{s['concurrency']} concurrent requests × {s['max_tokens']} tokens, {s['rounds']} rounds per mode "
+            f"interleaved; B: {s['readers']} /events readers at {s['interval_ms']} ms ({s['stalled']} stalled)", "",
+            "| mode | tokens/s per round | median |", "|---|---|---:|"]
+    for mode, label in (("A", "A: no readers"), ("B", f"B: {s['readers']} readers")):
+        values = [r["tokens_per_s"] for r in report["rounds"] if r["mode"] == mode]
+        rows.append(f"| {label} | {', '.join(f'{v:.1f}' for v in values)} | {report['median_' + mode]:.1f} |")
+    rows.append(f"| **ratio B / A** | pairs: {', '.join(f'{p:.3f}' for p in report['pair_ratios'])} "
+                f"| **{report['ratio']:.3f}** |")
+    w = report["watchers"]
+    rows += ["", f"The reading watchers got {w['snapshots']} snapshots, {w['coalesced']} coalesced."]
+    return "\n".join(rows)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.watchers", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", metavar="BASE_URL", help="a running server (without a key policy) instead of one started here")
+    ap.add_argument("--model", help="GGUF to serve (default: superfluid's default model)")
+    ap.add_argument("--model-name", help="model id to call (default: the first listed)")
+    ap.add_argument("--max-batch", type=int, default=8, help="the started server's --max-batch")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=6, help="rounds per mode")
+    ap.add_argument("--readers", type=int, default=10)
+    ap.add_argument("--stalled", type=int, default=2, help="of --readers, sockets that never read")
+    ap.add_argument("--interval-ms", type=int, default=100, help="the readers' interval (100: the busiest allowed)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="per request")
+    ap.add_argument("--json", metavar="PATH")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if not 0 <= args.stalled <= args.readers:
+        print("--stalled must be from 0 to --readers", file=sys.stderr)
+        return 2
+    server = None
+    try:
+        if args.target:
+            base = args.target.rstrip("/")
+        else:
+            from tools.suite.targets import ServeConfig, default_model, start
+            workdir = Path(tempfile.mkdtemp(prefix="bench-watchers-"))
+            server = start("superfluid", ServeConfig(lanes=args.max_batch, context=2048),
+                           workdir / "server.log", args.model or default_model())
+            base = server.base
+        report = asyncio.run(run(args, base))
+    finally:
+        if server is not None:
+            server.stop()
+    report["date"] = time.strftime("%Y-%m-%d")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
