@@ -22,6 +22,7 @@ log = logging.getLogger("superfluid.http")
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 QUERY = ("model", "interval_ms", "key")
+STEP_MS = 100
 SEND_BUFFER = 128 * 1024  # bytes of kernel send buffer per stream: minutes of snapshots, bounded
 
 
@@ -57,6 +58,9 @@ def parse_query(query) -> tuple[int, str | None]:
         if interval is None or not low <= interval <= high:
             raise InvalidRequest(f"interval_ms must be an integer from {low} to {high}, got {raw!r}",
                                  param="interval_ms", code="invalid_interval")
+    # to a multiple of 100 ms (hello says which): readers share a channel per interval and model,
+    # so however many streams ask, the snapshots built stay bounded (the sum of 10/k per second)
+    interval = max(low, int(interval / STEP_MS + 0.5) * STEP_MS)
     return interval, query.get("model")
 
 

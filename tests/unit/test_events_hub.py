@@ -233,6 +233,8 @@ def test_keys_with_a_policy():
 def test_query():
     assert parse_query({}) == (500, None)
     assert parse_query({"interval_ms": "100", "model": "m", "key": "x"}) == (100, "m")
+    assert parse_query({"interval_ms": "149"}) == (100, None) and parse_query({"interval_ms": "150"}) == (200, None)
+    assert parse_query({"interval_ms": "5000"}) == (5000, None)
     for bad in ({"interval_ms": "99"}, {"interval_ms": "5001"}, {"interval_ms": "fast"}, {"since": "1"}):
         with pytest.raises(InvalidRequest):
             parse_query(bad)
