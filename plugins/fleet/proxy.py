@@ -28,13 +28,15 @@ from . import metrics as metrics_page
 from .body import QOS_HEADER, body_class, body_model, carry_class, parses
 from .metrics import HeadMetrics
 from .nodes import NodeMonitor
-from .relay import Relay, Unreachable, error, forward_headers
+from .relay import NotStarted, Relay, Unreachable, error, forward_headers
 from .session_routes import SessionRoutes
 from .smg import Smg
 
 log = logging.getLogger("superfluid.fleet")
 
 SMG_WAIT_S = 15.0  # how long a request waits for a restarting SMG before its one retry
+STREAM_RETRIES = 2  # a stream whose node failed before its first token is sent again this often
+NODE_GONE_WAIT_S = 4.0  # ... once SMG no longer routes to that node (or after this long)
 
 
 class FleetApp:
@@ -89,10 +91,17 @@ class FleetApp:
         headers = forward_headers(request)
         if not self.smg.ready.is_set():  # SMG restarting, or not yet routing to its nodes
             await self.smg.wait_ready(SMG_WAIT_S)
-        try:
-            return await self.relay.call(request, url, raw, headers)
-        except Unreachable as exc:
-            why = str(exc)
+        for attempt in range(STREAM_RETRIES + 1):
+            try:
+                return await self.relay.call(request, url, raw, headers)
+            except NotStarted as exc:
+                if attempt == STREAM_RETRIES:
+                    return error(503, f"The fleet could not start this stream: {exc}; retry shortly",
+                                 "node_unavailable", headers={"Retry-After": "2"})
+                await self._node_gone(exc)
+            except Unreachable as exc:
+                why = str(exc)
+                break
         self.head.errors.labels("smg_unreachable").inc()
         self.smg.unreachable(why)
         log.warning("%s %s: SMG unreachable (%s); retrying once when it is back", request.method, request.path, why)
@@ -105,6 +114,16 @@ class FleetApp:
                 why = str(exc)
         return error(503, f"The fleet's router (SMG) is unavailable: {why}; retry shortly", "router_unavailable",
                      headers={"Retry-After": "1"})
+
+    async def _node_gone(self, exc: NotStarted) -> None:
+        """A stream failed on its node before its first token: wait (briefly) until SMG stops
+        routing to that node, so the retry goes elsewhere."""
+        self.head.errors.labels("stream_moved").inc()
+        log.warning("a stream failed before its first token on node %s (%s); sending it again",
+                    exc.node or "?", exc)
+        deadline = time.monotonic() + NODE_GONE_WAIT_S
+        while exc.node and self.smg.routable(exc.node) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     # ---- OpenAI routes --------------------------------------------------------------------
     async def openai(self, request: web.Request) -> web.StreamResponse:

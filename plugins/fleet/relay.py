@@ -2,7 +2,13 @@
 the one guarantee the head adds to streams: a stream that ends without ``data: [DONE]``, or
 breaks, ends with an SSE error event and ``[DONE]``, so a client never waits on a dead upstream.
 A call that fails before the client got anything raises :class:`Unreachable`, so the caller
-may retry it."""
+may retry it.
+
+A node answers a stream's headers (and its role chunk) as soon as it queues the request, long
+before the request starts. So the head holds a stream back until its first token (or its
+finish): a node that dies while the request still waits in its queue has then given the client
+nothing, and :class:`NotStarted` lets the caller send it elsewhere. Once a token reached the
+client the stream cannot move (the text would repeat), and it ends with the error event."""
 
 from __future__ import annotations
 
@@ -41,6 +47,47 @@ def relay_headers(resp: aiohttp.ClientResponse) -> dict[str, str]:
 
 class Unreachable(Exception):
     """The upstream (SMG or a node) could not be reached, or failed before answering."""
+
+
+class NotStarted(Unreachable):
+    """A stream failed before its first token: the client got nothing, so it may go elsewhere.
+    ``node``: the node that held it (SMG's ``x-smg-routed-worker-id``), if known."""
+
+    def __init__(self, why: str, node: str | None):
+        super().__init__(why)
+        self.node = node
+
+
+HOLD_LIMIT = 1 << 20  # a stream that sends this much before a token is relayed as it is
+
+
+def started(events: bytes) -> tuple[bool, str | None]:
+    """(whether these complete SSE events hold a token or a finish, the first error's message).
+    A token: a choice with text, content, tool calls or a finish reason (chat or completions);
+    an error event before one means the request never ran."""
+    for line in events.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return True, None
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if "error" in event:
+            err = event["error"]
+            return False, str(err.get("message") if isinstance(err, dict) else err)
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            if choice.get("finish_reason") or choice.get("text") or (
+                    isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))):
+                return True, None
+    return False, None
 
 
 class Relay:
@@ -82,9 +129,11 @@ class Relay:
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     raise Unreachable(f"{type(exc).__name__}: {exc}") from None
                 return web.Response(status=upstream.status, body=body, headers=relay_headers(upstream))
+            held = await self._hold(upstream)
             out = web.StreamResponse(status=upstream.status, headers=relay_headers(upstream))
             await out.prepare(request)
-            tail = b""
+            await out.write(held)
+            tail = held[-64:]
             problem = None
             while True:
                 try:
@@ -110,3 +159,27 @@ class Relay:
                     return out
             await out.write_eof()
             return out
+
+    async def _hold(self, upstream: aiohttp.ClientResponse) -> bytes:
+        """What a stream sent up to and including its first token (see the module's docstring);
+        raises :class:`NotStarted` if it broke, ended or reported an error before one."""
+        node = upstream.headers.get("x-smg-routed-worker-id")
+        held, scanned = b"", 0
+        while len(held) < HOLD_LIMIT:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise NotStarted(f"the stream broke before its first token: {type(exc).__name__}: {exc}", node) from None
+            if not chunk:
+                raise NotStarted("the stream ended before its first token", node)
+            held += chunk
+            end = held.rfind(b"\n\n")
+            if end < scanned:
+                continue
+            ok, problem = started(held[scanned:end])
+            scanned = end
+            if problem is not None:
+                raise NotStarted(f"the stream failed before its first token: {problem}", node)
+            if ok:
+                break
+        return held

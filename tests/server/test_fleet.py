@@ -235,6 +235,36 @@ def test_sessions_stick_to_their_node(fleet):
     assert status == 404 and body["error"]["code"] == "session_not_found"
 
 
+BURST = 10
+
+
+def slots(node: ServerProcess) -> dict:
+    with urllib.request.urlopen(node.base + "/slots", timeout=10) as r:
+        return json.loads(r.read())["models"][MODEL]
+
+
+def read_stream(base: str) -> dict:
+    """One streamed chat read to its end: when its headers came (the head sends them with the
+    first token), the node that served it, its text, whether it ended with an error event."""
+    body = {**CHAT, "max_tokens": 40, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=90) as r:
+        out = {"headers_at": time.time(), "node": r.headers.get("x-smg-routed-worker-id"),
+               "text": "", "error": None, "done": False}
+        for line in r:
+            data = line.decode().strip()[6:] if line.startswith(b"data: ") else None
+            if data == "[DONE]":
+                out["done"] = True
+            elif data:
+                event = json.loads(data)
+                if "error" in event:
+                    out["error"] = event["error"]
+                for choice in event.get("choices") or []:
+                    out["text"] += (choice.get("delta") or {}).get("content") or ""
+    return out
+
+
 def test_a_killed_node_is_reported_routed_around_and_back(fleet, tmp_path, model_path):
     head, nodes, _ = fleet
     sids = {s: i for i, n in enumerate(nodes) for s in sessions_on(n)}
@@ -255,20 +285,33 @@ def test_a_killed_node_is_reported_routed_around_and_back(fleet, tmp_path, model
     cut = streams[-1]
     assert cut.headers.get("x-smg-routed-worker-id") == victim.base
     assert cut.readline().startswith(b"data: ")  # it has started
-    killed = time.monotonic()
-    os.kill(victim.proc.pid, signal.SIGKILL)
-    victim.proc.wait(10)
-    victim.stop()  # closes its log; its engine worker follows its parent down
-    rest = cut.read().decode()
-    events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), rest[-500:]
+    # a burst of streams: round robin puts half on the victim, whose 4 lanes fill, so some wait
+    # in its queue; those have given their client nothing when it dies, and complete elsewhere
+    with ThreadPoolExecutor(BURST) as pool:
+        burst = [pool.submit(read_stream, head.base) for _ in range(BURST)]
+        wait_for("streams queued on the victim", lambda: slots(victim)["queued"] >= 1, 30)
+        killed_at = time.time()
+        killed = time.monotonic()
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait(10)
+        victim.stop()  # closes its log; its engine worker follows its parent down
+        rest = cut.read().decode()
+        events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), rest[-500:]
+        wait_for("the head reports the killed node unhealthy",
+                 lambda: head.health()[1]["nodes"][victim.base]["state"] == "unhealthy", 5)
+        assert time.monotonic() - killed < 6
+        results = [f.result(timeout=120) for f in burst]
     for r in streams:
         r.close()
-    wait_for("the head reports the killed node unhealthy",
-             lambda: head.health()[1]["nodes"][victim.base]["state"] == "unhealthy", 5)
+    late = [r for r in results if r["headers_at"] > killed_at]  # not started when the victim died
+    assert late, results  # the queued ones
+    for r in late:  # each one completed, whole, on the survivor
+        assert r["done"] and not r["error"] and r["text"] and r["node"] == survivor.base, r
+    for r in results:  # and none hung: every stream ended with [DONE]
+        assert r["done"], r
     status, body = head.health()
     assert status == 200 and body["nodes"][victim.base]["last_error"]
-    assert time.monotonic() - killed < 6
     c = client(head)
     for _ in range(4):  # all on the survivor now
         assert c.chat.completions.create(**CHAT).choices[0].message.content
