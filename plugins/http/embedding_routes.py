@@ -23,11 +23,12 @@ from superfluid.core.request import Request
 
 from . import params
 from .access_log import log_generation
-from .auth import applied_class, check_model, door_time, note_class, request_key
+from .auth import check_model, door_time, note_class, request_key
 from .bridge import EventBridge
 from .key_limits import HEADERS
+from .prepare import request_class
 
-FIELDS = {"input", "model", "encoding_format", "dimensions", "user"}
+FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "superfluid"}
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 FORMATS = ("float", "base64")
 
@@ -154,7 +155,7 @@ class EmbeddingRoutes:
         check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
         prompts = tokens_of(runtime, raw_inputs(body))
         check_context(prompts, runtime.scheduler.settings.context_length)
-        cls = note_class(request, applied_class(request, self.config))
+        cls = note_class(request, request_class(request, self.config, body))
         key = request_key(request)
         if key is not None:
             request[HEADERS] = (self.key_limits, key)

@@ -213,6 +213,7 @@ _EMBEDDING_KNOWN = {
                                                                             "float32 bytes")),
     "dimensions": _nullable(_int(1, description="must equal the model's width (it is not truncated)")),
     "user": _nullable(_str(description="accepted and ignored")),
+    "superfluid": _COMMON["superfluid"],
 }
 _TOKENIZE_KNOWN = {
     "content": _str(),

@@ -240,6 +240,14 @@ def test_qos_header_is_applied(server):
     assert status == 200 and headers["x-superfluid-qos"] == "background"
 
 
+def test_body_field_class_is_applied(server):
+    status, headers, _ = _post(server, {"input": "x", "superfluid": {"qos": "background"}},
+                               headers={"x-superfluid-qos": "interactive"})
+    assert status == 200 and headers["x-superfluid-qos"] == "background"  # the body wins
+    status, _, err = _post(server, {"input": "x", "superfluid": {"qos": "soon"}})
+    assert status == 400 and err["error"]["code"] == "invalid_qos_class"
+
+
 def test_key_policy(keyed):
     assert _post(keyed, {"input": "x"})[0] == 401
     status, _, reply = _post(keyed, {"input": "x"}, SECRETS["other"])
