@@ -35,6 +35,10 @@ def superfluid_add_config(schema):
     schema.add(Option("http-allow-batch-invariant", bool, False,
                       "allow x-superfluid-batch-invariant: true (such a lane ticks alone; any client "
                       "allowed to ask can serialize the server)"))
+    schema.add(Option("http-open-probes", bool, False,
+                      "with a key policy, let /metrics and /v1/models answer without a key too, like "
+                      "/health (an inference gateway's endpoint picker and superfluid fleet read them "
+                      "without one); keep such a node's port on a network only they reach"))
     schema.add(Option("max-body-mb", int, 16, "largest request body in MiB; larger is a 413 request_too_large",
                       in_range(1, 4096), metavar="MB"))
     schema.add(Option("max-header-kb", int, 16, "largest request head (request line and headers) in KiB; "

@@ -43,6 +43,7 @@ QOS_HEADER = "x-superfluid-qos"
 KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
 APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
 PUBLIC = ("/health",)       # liveness probes carry no key
+PROBES = ("/metrics", "/v1/models")  # what gateways scrape without a key, public under --http-open-probes
 QUERY_KEY = ("/events", "/dashboard")  # a browser's EventSource sends no headers: ?key=SECRET there only
 COST = "superfluid.auth_cost"  # request[COST]: the _Cost of its authentication and key limits
 
@@ -196,9 +197,11 @@ def _secret(request) -> str | None:
 def middleware(policy_file, config):
     """The authenticating middleware; ``policy_file`` a :class:`~.keys.PolicyFile` or None."""
 
+    public = PUBLIC + (PROBES if config.get("http-open-probes") else ())
+
     @web.middleware
     async def authenticate(request: web.Request, handler):
-        if request.path in PUBLIC:
+        if request.path in public:
             return await handler(request)
         start = perf_counter()
         cost = request[COST] = _Cost()

@@ -113,6 +113,16 @@ def test_unknown_key_is_401_and_the_secret_is_not_logged(keyed):
     assert call(keyed, "GET", "/health")[0] == 200
 
 
+def test_open_probes_lets_gateways_scrape_without_a_key(keyed, start_server, policy_file):
+    assert call(keyed, "GET", "/metrics")[0] == 401  # closed by default
+    srv = start_server("--key-policy", str(policy_file), "--http-open-probes")
+    assert call(srv, "GET", "/metrics")[0] == 200
+    status, _, models = call(srv, "GET", "/v1/models")
+    assert status == 200 and models["data"][0]["id"] == "smollm2"
+    assert call(srv, "GET", "/slots")[0] == 401 and chat(srv)[0] == 401  # only those two
+    srv.stop()
+
+
 def test_x_api_key_header_works(keyed):
     status, _, body = call(keyed, "POST", "/v1/chat/completions",
                            {"model": "smollm2", "messages": ASK, "max_tokens": 2}, key="user", bearer=False)
