@@ -14,4 +14,4 @@ if [ -n "${MODEL:-}" ]; then
     set -- --model "$MODEL" "$@"
 fi
 exec "$SUPERFLUID" serve --engine mlx --host 0.0.0.0 --port "$PORT" --model-name smollm2 \
-    --max-batch 8 --key-policy "$KEYS" "$@"
+    --max-batch 8 --key-policy "$KEYS" --http-open-probes "$@"
