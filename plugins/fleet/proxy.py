@@ -26,6 +26,7 @@ from aiohttp import web
 
 from . import metrics as metrics_page
 from .body import QOS_HEADER, body_class, body_model, carry_class, parses
+from .dashboard_routes import DashboardRoutes
 from .metrics import HeadMetrics
 from .nodes import NodeMonitor
 from .relay import NotStarted, Relay, Unreachable, error, forward_headers
@@ -47,6 +48,7 @@ class FleetApp:
         self.policy = policy
         self.relay = Relay(head)
         self.session_routes = SessionRoutes(self.relay, monitor)
+        self.dashboard_routes = DashboardRoutes(self.relay, monitor)
         self.started = int(time.time())
         self._restarts_seen = 0
 
@@ -62,6 +64,7 @@ class FleetApp:
         r.add_post("/v1/completions", self.openai)
         r.add_post("/v1/embeddings", self.embeddings)
         self.session_routes.add_to(app)
+        self.dashboard_routes.add_to(app)
         r.add_route("*", "/{tail:.*}", self.to_smg)  # what SMG answers (its 404 for unknown routes)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)

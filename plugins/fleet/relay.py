@@ -114,9 +114,11 @@ class Relay:
                      headers={"Retry-After": "2"})
 
     async def call(self, request: web.Request, url: str, raw: bytes | None,
-                   headers: dict[str, str]) -> web.StreamResponse:
+                   headers: dict[str, str], completion: bool = True) -> web.StreamResponse:
         """One upstream call relayed to the client. Raises :class:`Unreachable` if it fails
-        before the client got anything (so the caller may retry)."""
+        before the client got anything (so the caller may retry). ``completion``: the stream is
+        a generation's (held until its first token, ended with [DONE]); else (a node's /events)
+        it is relayed as it comes."""
         try:
             upstream = await self.http.request(request.method, url, data=raw, headers=headers,
                                                params=request.query)
@@ -129,10 +131,11 @@ class Relay:
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     raise Unreachable(f"{type(exc).__name__}: {exc}") from None
                 return web.Response(status=upstream.status, body=body, headers=relay_headers(upstream))
-            held = await self._hold(upstream)
+            held = await self._hold(upstream) if completion else b""
             out = web.StreamResponse(status=upstream.status, headers=relay_headers(upstream))
             await out.prepare(request)
-            await out.write(held)
+            if held:
+                await out.write(held)
             tail = held[-64:]
             problem = None
             while True:
@@ -148,7 +151,7 @@ class Relay:
                 except (ConnectionError, aiohttp.ClientConnectionResetError):
                     return out  # the client left: leaving this block closes the upstream too
                 tail = (tail + chunk)[-64:]
-            if DONE not in tail:
+            if completion and DONE not in tail:
                 problem = problem or "the upstream stream ended without [DONE]"
                 self.head.errors.labels("stream_cut").inc()
                 log.warning("%s %s: %s; ending it with an error event", request.method, request.path, problem)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -209,6 +210,22 @@ def sessions_on(node: ServerProcess) -> dict[str, dict]:
 def turn(head, sid: str, text: str):
     return call(head.base, "POST", f"/v1/sessions/{sid}/turns",
                 {"messages": [{"role": "user", "content": text}], "max_tokens": 3})
+
+
+def test_the_heads_dashboard_shows_each_nodes_page(fleet):
+    head, nodes, _ = fleet
+    status, _, index = call(head.base, "GET", "/dashboard")
+    assert status == 200 and all(n.base in index for n in nodes)
+    link = re.search(r'href="(nodes/[0-9a-f]+/dashboard)"', index).group(1)
+    status, _, page = call(head.base, "GET", "/" + link)
+    assert status == 200 and "EventSource" in page  # the node's own page, unchanged
+    events = head.base + "/" + link.replace("/dashboard", "/events")
+    with urllib.request.urlopen(events, timeout=30) as r:  # the node's stream, through the head
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines = [r.readline() for _ in range(2)]
+    assert lines[0].strip() == b"event: hello" and json.loads(lines[1][6:])["models"] == [MODEL]
+    status, _, err = call(head.base, "GET", "/nodes/00000000/events")
+    assert status == 404 and err["error"]["code"] == "node_not_found"
 
 
 def test_sessions_stick_to_their_node(fleet):
