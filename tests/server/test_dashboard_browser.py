@@ -2,8 +2,9 @@
 watches a real server on the default model while a small QoS workload runs.
 
 Two agents fill both lanes, two background requests queue behind them, and an interactive chat
-preempts an agent. The page must show the lanes going free -> busy -> free, the preemption, and
-the same queue counts as /slots. A screenshot is saved as a test artifact (SUPERFLUID_ARTIFACTS,
+preempts an agent. The page must show the lanes going free -> busy -> free, the preemption (the
+count, and the mark on the lane the chat took), and the same queue counts as /slots. A second
+test opens the page with ?key= under a key policy and reads the per-key table. A screenshot is saved as a test artifact (SUPERFLUID_ARTIFACTS,
 default test-artifacts/ under the repo root), because a human should be able to look at what the
 test saw.
 """
