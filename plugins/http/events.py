@@ -51,6 +51,9 @@ INTERVAL_MS = (100, 5000, 500)  # min, max, default
 _TICK_FIELDS = ("seq", "at", "seconds", "target_s", "prefill_tokens", "decode_tokens", "lanes", "stopped_early")
 
 
+PING = b"event: ping\ndata: {}\n\n"
+
+
 class TooManyReaders(ServiceUnavailable):
     code = "too_many_readers"
 
@@ -154,7 +157,8 @@ class Snapshot:
 class Reader:
     """One open /events stream: a one-slot mailbox of snapshots."""
 
-    __slots__ = ("channel", "pending", "coalesced", "carried", "ready", "sent")
+    __slots__ = ("channel", "pending", "coalesced", "carried", "ready", "sent", "ping", "writing_since",
+                 "last_sent", "task", "abort", "peer", "dropped")
 
     def __init__(self, channel: Channel):
         self.channel = channel
@@ -163,6 +167,13 @@ class Reader:
         self.carried: dict | None = None  # the replaced snapshots' ticks, per model
         self.ready = asyncio.Event()
         self.sent = 0
+        self.ping = False             # a ping is due (nothing sent for ping_s)
+        self.writing_since: float | None = None  # loop time its write in progress started
+        self.last_sent = 0.0
+        self.task: asyncio.Task | None = None    # the task writing its stream
+        self.abort = None             # closes its connection
+        self.peer = "-"
+        self.dropped = False
 
     def offer(self, snap: Snapshot) -> None:
         """A new snapshot: replaces one not yet taken (counted, its ticks carried)."""
@@ -218,9 +229,10 @@ class Channel:
                 snap = self.build()
             except Exception:  # noqa: BLE001 - a model that went away mid-build, say: try again next time
                 log.exception("events: building a snapshot failed")
-                continue
-            for reader in list(self.readers):
-                reader.offer(snap)
+            else:
+                for reader in list(self.readers):
+                    reader.offer(snap)
+            self.hub.watch(self.readers, loop.time())
 
 
 class EventHub:
@@ -419,28 +431,49 @@ class EventHub:
             if channel.task is not None:
                 channel.task.cancel()
 
+    def watch(self, readers: Iterable[Reader], now: float) -> None:
+        """Each interval, on the channel's task: drop a reader whose write has not finished for
+        ``stall_s`` (its socket does not drain), and give one that was sent nothing for ``ping_s``
+        a ping. No timer per write or per wait: a stream costs its writes and nothing more."""
+        for reader in list(readers):
+            if reader.writing_since is not None and now - reader.writing_since > self.stall_s:
+                self._drop(reader)
+            elif reader.pending is None and reader.writing_since is None and now - reader.last_sent >= self.ping_s:
+                reader.ping = True
+                reader.ready.set()
+
+    def _drop(self, reader: Reader) -> None:
+        if reader.dropped:
+            return
+        reader.dropped = True
+        self.dropped += 1
+        log.warning("events: dropped the /events reader %s: its socket took nothing for %.0f s",
+                    reader.peer, self.stall_s)
+        if reader.abort is not None:
+            reader.abort()
+        if reader.task is not None:
+            reader.task.cancel()
+        self.close(reader)
+
     async def stream(self, reader: Reader, write, transport_abort=None, peer: str = "-") -> None:
         """Write ``reader``'s snapshots with ``write`` (a coroutine function taking bytes) until
-        the client leaves, the server stops, or the socket stalls for ``stall_s`` seconds."""
+        the client leaves, the server stops, or the socket stalls for ``stall_s`` seconds (then
+        the connection is aborted and this task cancelled, see :meth:`watch`)."""
+        loop = asyncio.get_running_loop()
+        reader.task, reader.abort, reader.peer = asyncio.current_task(), transport_abort, peer
+        reader.last_sent = loop.time()
         try:
             while not self.closing:
-                try:
-                    await asyncio.wait_for(reader.ready.wait(), self.ping_s)
-                except asyncio.TimeoutError:
-                    payload = event("ping", b"{}")
-                else:
-                    payload = reader.take()
-                    if payload is None:
+                await reader.ready.wait()
+                payload = reader.take()
+                if payload is None:
+                    if not reader.ping:
                         continue
-                try:
-                    await asyncio.wait_for(write(payload), self.stall_s)
-                except asyncio.TimeoutError:
-                    self.dropped += 1
-                    log.warning("events: dropped the /events reader %s: its socket took nothing for %.0f s",
-                                peer, self.stall_s)
-                    if transport_abort is not None:
-                        transport_abort()
-                    return
+                    reader.ping, payload = False, PING
+                reader.writing_since = loop.time()
+                await write(payload)
+                reader.writing_since = None
+                reader.last_sent = loop.time()
         finally:
             self.close(reader)
 

@@ -37,10 +37,12 @@ class FakeLoop:
     """A scheduler that answers ``snapshot()`` with a fixed /slots view (counts its reads)."""
 
     def __init__(self, view: dict):
-        self.view, self.reads = view, 0
+        self.view, self.reads, self.fail = view, 0, False
 
     def snapshot(self) -> dict:
         self.reads += 1
+        if self.fail:
+            raise RuntimeError("the model went away")
         return self.view
 
 
@@ -198,17 +200,18 @@ def test_reader_cap_is_a_503():
     asyncio.run(go())
 
 
-def test_ping_when_idle_and_shutdown_ends_streams():
+def test_ping_when_nothing_else_is_sent_and_shutdown_ends_streams():
     async def go():
-        hub, _ = _hub(ping_s=0.05)
-        reader = hub.open(5000, None)
-        reader.take()  # the first snapshot taken: nothing until 5 s from now
+        hub, loop = _hub(ping_s=0.05)
+        reader = hub.open(100, None)
+        reader.take()  # the first snapshot taken; the next ones cannot be built
+        loop.fail = True
         sent: list[bytes] = []
 
         async def write(data):
             sent.append(data)
         task = asyncio.create_task(hub.stream(reader, write))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.35)
         assert sent and all(s == b"event: ping\ndata: {}\n\n" for s in sent)
         await hub.shutdown()
         await asyncio.wait_for(task, 1)
