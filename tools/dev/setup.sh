@@ -33,6 +33,6 @@ if ! command -v chromium >/dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-g
     echo "setup: installing Debian's chromium for the dashboard's browser test" >&2
     if ! apt-get install -y -q chromium >/dev/null 2>&1; then
         apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1 || \
-            echo "setup: chromium could not be installed; the dashboard's browser test will fail" >&2
+            echo "setup: chromium could not be installed; the dashboard's browser test will fail (SUPERFLUID_SKIP_BROWSER=1 skips it)" >&2
     fi
 fi
