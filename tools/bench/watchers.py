@@ -16,7 +16,8 @@ at least 0.99), also per adjacent pair (their median is the figure least moved b
 burst on a shared machine), over the quiet pairs only (neither round below 80 % of the run's best)
 and best against best; the snapshots the reading watchers got, how many
 were coalesced, the CPU time of the server's own process per second in each mode (where the hub
-runs; the engine worker is a process of its own), and the load average before and after. A JSON report (``--json``) and a markdown table on stdout.
+runs; the engine worker is a process of its own), also with no requests at all (the readers' own
+cost, free of the workload's noise), and the load average before and after. A JSON report (``--json``) and a markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -156,6 +157,18 @@ async def run(args, base: str, pid: int | None = None) -> dict:
         async with session.get(f"{base}/v1/models") as r:
             model = args.model_name or (await r.json())["data"][0]["id"]
         await workload(session, base, model, args.concurrency, args.max_tokens)  # warm-up, not counted
+        idle = {}
+        if pid is not None:  # what the readers alone cost the server's process, with nothing else running
+            for mode in "AB":
+                for _ in range(2):
+                    if mode == "A":
+                        cpu, t0 = _cpu_s(pid), time.perf_counter()
+                        await asyncio.sleep(args.idle_s)
+                    else:
+                        async with Watchers(base, args.readers, args.stalled, args.interval_ms):
+                            cpu, t0 = _cpu_s(pid), time.perf_counter()
+                            await asyncio.sleep(args.idle_s)
+                    idle.setdefault(mode, []).append(round((_cpu_s(pid) - cpu) * 1000 / (time.perf_counter() - t0), 2))
         for i in range(args.rounds * 2):
             mode = "A" if i % 2 == 0 else "B"
             if mode == "A":
@@ -188,7 +201,7 @@ async def run(args, base: str, pid: int | None = None) -> dict:
             "quiet_pair_ratios": quiet, "median_quiet_pair_ratio": statistics.median(quiet) if quiet else None,
             "server_cpu_ms_per_s": {mode: _median([r.get("server_cpu_ms_per_s") for r in rounds if r["mode"] == mode])
                                     for mode in "AB"},
-            "watchers": seen}
+            "idle_server_cpu_ms_per_s": idle, "watchers": seen}
 
 
 def _median(values):
@@ -216,6 +229,10 @@ def table(report: dict) -> str:
     if cpu.get("A") is not None:
         rows.append(f"| server process CPU (event loop, scheduler, hub; not the engine worker), ms per s | "
                     f"A {cpu['A']:.1f}, B {cpu['B']:.1f} | +{cpu['B'] - cpu['A']:.1f} |")
+    idle = report.get("idle_server_cpu_ms_per_s") or {}
+    if idle:
+        rows.append(f"| server process CPU with no requests, ms per s ({s['readers']} readers against none) | "
+                    f"A {idle['A']}, B {idle['B']} | +{min(idle['B']) - min(idle['A']):.2f} |")
     w = report["watchers"]
     load = report.get("loadavg") or {}
     rows += ["", f"The reading watchers got {w['snapshots']} snapshots, {w['coalesced']} coalesced. "
@@ -235,6 +252,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--readers", type=int, default=10)
     ap.add_argument("--stalled", type=int, default=2, help="of --readers, sockets that never read")
     ap.add_argument("--interval-ms", type=int, default=100, help="the readers' interval (100: the busiest allowed)")
+    ap.add_argument("--idle-s", type=float, default=5.0, help="seconds of each idle CPU measurement")
     ap.add_argument("--timeout", type=float, default=600.0, help="per request")
     ap.add_argument("--json", metavar="PATH")
     return ap
