@@ -207,6 +207,12 @@ def run(args: argparse.Namespace) -> int:
                         console.print(frame(args.url, data))
                         return 0
                 raise TopError("the server closed the stream before sending a snapshot")
+            if not console.is_terminal:  # a pipe or a file: one frame after another
+                for kind, data in events(stream):
+                    if kind == "snapshot":
+                        console.print(frame(args.url, data))
+                        sys.stdout.flush()
+                raise TopError("the server closed the stream")
             from rich.live import Live
             with Live(console=console, screen=False, auto_refresh=False) as live:
                 for kind, data in events(stream):
