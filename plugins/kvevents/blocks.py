@@ -1,4 +1,4 @@
-"""From cache changes to KV blocks: what the prefix cache reports (``core.kv.CacheEvent``: a
+"""From cache changes to KV blocks: what the prefix cache reports (``core.cache_events.CacheEvent``: a
 holder, a slot or a host-tier entry, now holds these tokens, or nothing) becomes vLLM-style block
 events (:mod:`.wire`).
 

@@ -1,4 +1,4 @@
-"""The KV manager's cache events (``core.kv.CacheEvent``, on each tick's stats) follow what the
+"""The KV manager's cache events (``core.cache_events.CacheEvent``, on each tick's stats) follow what the
 prefix cache holds through its whole life: a finished lane's KV kept, a cached prefix cut or
 copied for reuse, evictions to the host tier (slot reuse, watermarks), OS pressure and a lost
 engine. The check is the same everywhere: replaying every event reported so far gives exactly
@@ -7,7 +7,7 @@ what the cache holds. The loop runs on the fake engine with a prefix cache and p
 
 from __future__ import annotations
 
-from superfluid.core.kv import CacheEvent
+from superfluid.core.cache_events import CacheEvent
 
 from .fakes import drive, expected, prompt, run_stepped, step, submit
 

@@ -22,7 +22,7 @@ import zmq
 
 from superfluid.core.cli import load
 from superfluid.core.errors import ConfigError
-from superfluid.core.kv import CacheEvent
+from superfluid.core.cache_events import CacheEvent
 from superfluid.plugins.kvevents.blocks import BlockLedger, block_hashes, root_hash
 from superfluid.plugins.kvevents.endpoint import parse_endpoint
 from superfluid.plugins.kvevents.publisher import KVEventsPublisher
