@@ -157,6 +157,17 @@ async def model_of(base: str) -> str:
 
 # ---- 0. the head's refusals ---------------------------------------------------------------------
 
+def on_fleet(args, stage: str, run, max_batch: int | None = None, held_back: int = 0) -> dict:
+    """A stage on a fresh fleet (cache_aware), always stopped: ``run(args, fleet, model)``'s result."""
+    fleet = Fleet(args, stage, "cache_aware", **({"max_batch": max_batch} if max_batch else {}))
+    try:
+        fleet.start(**({"held_back": held_back} if held_back else {}))
+        model = asyncio.run(model_of(fleet.nodes[0].base))
+        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(run(args, fleet, model))}
+    finally:
+        fleet.close()
+
+
 def refusals(args) -> dict:
     """``superfluid fleet`` with each local-scheduler flag: its exit status and message."""
     if args.head != "fleet":
@@ -329,13 +340,7 @@ async def _kill(args, fleet: Fleet, model: str) -> dict:
 
 
 def kill(args) -> dict:
-    fleet = Fleet(args, "kill", "cache_aware")
-    try:
-        fleet.start()
-        model = asyncio.run(model_of(fleet.nodes[0].base))
-        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(_kill(args, fleet, model))}
-    finally:
-        fleet.close()
+    return on_fleet(args, "kill", _kill)
 
 
 # ---- 3. QoS through the head -------------------------------------------------------------------
@@ -380,13 +385,7 @@ async def _qos(args, fleet: Fleet, model: str) -> dict:
 
 
 def qos(args) -> dict:
-    fleet = Fleet(args, "qos", "cache_aware", max_batch=args.qos_max_batch)
-    try:
-        fleet.start()
-        model = asyncio.run(model_of(fleet.nodes[0].base))
-        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(_qos(args, fleet, model))}
-    finally:
-        fleet.close()
+    return on_fleet(args, "qos", _qos, max_batch=args.qos_max_batch)
 
 
 # ---- 4. overhead --------------------------------------------------------------------------------
@@ -440,13 +439,7 @@ def _sub(a, b):
 
 
 def overhead(args) -> dict:
-    fleet = Fleet(args, "overhead", "cache_aware")
-    try:
-        fleet.start()
-        model = asyncio.run(model_of(fleet.nodes[0].base))
-        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(_overhead(args, fleet, model))}
-    finally:
-        fleet.close()
+    return on_fleet(args, "overhead", _overhead)
 
 
 # ---- 5. faults at the head --------------------------------------------------------------------
@@ -482,13 +475,7 @@ async def _faults(args, fleet: Fleet, model: str) -> dict:
 
 
 def faults(args) -> dict:
-    fleet = Fleet(args, "faults", "cache_aware")
-    try:
-        fleet.start(held_back=1)
-        model = asyncio.run(model_of(fleet.nodes[0].base))
-        return {"head": fleet.kind, "policy": "cache_aware", **asyncio.run(_faults(args, fleet, model))}
-    finally:
-        fleet.close()
+    return on_fleet(args, "faults", _faults, held_back=1)
 
 
 # ---- the command --------------------------------------------------------------------------------
