@@ -20,25 +20,39 @@ def model_path() -> str:
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory, model_path):
-    """Factory: start_server(*flags) → a running ServerProcess, stopped at the end of the session."""
+    """Factory: start_server(*flags) → a running ServerProcess. It is stopped when the test
+    module that started it ends (``keep=True``: at the end of the session), so servers do not
+    pile up over a run: each holds a model and its worker, and a whole run starts dozens."""
     started: list[ServerProcess] = []
 
-    def start(*flags: str) -> ServerProcess:
+    def start(*flags: str, keep: bool = False) -> ServerProcess:
         args = ["--model", model_path, "--model-name", "smollm2", "--max-context", TEST_CONTEXT, *flags]
         log = tmp_path_factory.mktemp("server") / "server.log"
         srv = ServerProcess(args, log)
+        srv.keep = keep
         started.append(srv)
         return srv
 
+    start.started = started
     yield start
     for srv in started:
         srv.stop()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def stop_servers_after_module(start_server):
+    """Stop the servers this module started (its module fixtures' teardowns run first)."""
+    before = len(start_server.started)
+    yield
+    for srv in start_server.started[before:]:
+        if not srv.keep:
+            srv.stop()
+
+
 @pytest.fixture(scope="session")
 def server(start_server) -> ServerProcess:
     """One shared server with 8 lanes, for the API tests."""
-    return start_server("--max-batch", "8")
+    return start_server("--max-batch", "8", keep=True)
 
 
 @pytest.fixture
