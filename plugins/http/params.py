@@ -192,8 +192,19 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
+# OpenAI fields accepted and ignored (they mean nothing to one server), still held to their type
+_IGNORED_TYPES = {"service_tier": (str, "a string"), "store": (bool, "a boolean"), "metadata": (dict, "an object"),
+                  "reasoning_effort": (str, "a string"), "safety_identifier": (str, "a string"),
+                  "prompt_cache_key": (str, "a string")}
+
+
 def unsupported(body: dict) -> None:
-    """Known OpenAI fields whose non-default values we do not serve: say so instead of ignoring."""
+    """Known OpenAI fields whose non-default values we do not serve: say so instead of ignoring;
+    fields we ignore must still have their type."""
+    for key, (kind, name) in _IGNORED_TYPES.items():
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise InvalidRequest(f"{key} must be {name}", param=key, code="invalid_type")
     if body.get("input_extra") not in (None, []):
         raise InvalidRequest("input_extra is not supported yet", param="input_extra", code="unsupported_value")
     opts = body.get("stream_options")

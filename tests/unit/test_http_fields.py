@@ -160,3 +160,17 @@ def test_logit_bias():
                       ({"5": 100.5}, "invalid_value"), ({"5": "1"}, "invalid_type"), ({"5": True}, "invalid_type"),
                       ({str(i): 1 for i in range(301)}, "invalid_value")):
         assert refused(params.logit_bias, {"logit_bias": bad}, 1000 if len(bad) > 300 else 100) == ("logit_bias", code)
+
+
+# ---- fields accepted and ignored ----------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [("metadata", True), ("metadata", "x"), ("store", "yes"),
+                                          ("service_tier", 1), ("reasoning_effort", {}),
+                                          ("safety_identifier", 3), ("prompt_cache_key", [])])
+def test_ignored_fields_still_have_their_type(field, value):
+    assert refused(params.unsupported, {field: value}) == (field, "invalid_type")
+
+
+def test_ignored_fields_of_their_type_pass():
+    params.unsupported({"metadata": {"a": "b"}, "store": False, "service_tier": "auto", "reasoning_effort": "low",
+                        "safety_identifier": "u1", "prompt_cache_key": "k", "stream_options": None})
