@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import logging
 import threading
 import time
@@ -33,12 +32,14 @@ from superfluid.core import qos as qos_classes
 from superfluid.core.errors import ServiceUnavailable
 from superfluid.core.hookspecs import hookimpl
 
+from .event_keys import KeyTally
+from .event_readers import MAX_TICKS, Channel, Reader, dumps, event
+
 log = logging.getLogger("superfluid.http")
 
 VERSION = 1
 TICK_RING = 4096       # ticks waiting for the next snapshot, all models (the oldest drop first)
 TICK_HISTORY = 1024    # ticks kept per model once drained, for channels built less often
-MAX_TICKS = 200        # ticks in one snapshot per model (the newest)
 TTFT_WINDOW_S = 300.0  # "recent" TTFT: first tokens of the last five minutes ...
 TTFT_SAMPLES = 1000    # ... at most this many per class
 MAX_READERS = 64
@@ -58,181 +59,12 @@ class TooManyReaders(ServiceUnavailable):
     code = "too_many_readers"
 
 
-def event(kind: str, data: bytes | str) -> bytes:
-    """One SSE event: ``event: KIND`` and one ``data:`` line of JSON."""
-    if isinstance(data, str):
-        data = data.encode()
-    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
-
-
-def dumps(value) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
-
-
 def percentile(sorted_values: list[float], q: float) -> float | None:
     """The nearest-rank percentile of already sorted values (None for none)."""
     if not sorted_values:
         return None
     rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 100))))
     return round(sorted_values[rank - 1], 4)
-
-
-class KeyTally:
-    """Per key name: generations admitted, tokens charged, requests refused by the key's limits.
-
-    Fed by the key limiter (it calls the same methods on :data:`~.metrics.METRICS`; a
-    :class:`TeeMetrics` gives it both), on the event loop."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, list[int]] = {}
-
-    def _of(self, key: str) -> list[int]:
-        found = self.counts.get(key)
-        if found is None:
-            found = self.counts[key] = [0, 0, 0]
-        return found
-
-    def key_admitted(self, key: str) -> None:
-        self._of(key)[0] += 1
-
-    def key_finished(self, key: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self._of(key)[1] += prompt_tokens + completion_tokens
-
-    def key_rejected(self, key: str, reason: str) -> None:
-        self._of(key)[2] += 1
-
-    def view(self, names: Iterable[str]) -> dict:
-        """Every key of the policy (zeros included), then any other name counted."""
-        names = list(names)
-        known = set(names)
-        out = {}
-        for name in names + [n for n in self.counts if n not in known]:
-            requests, tokens, rejections = self.counts.get(name, (0, 0, 0))
-            out[name] = {"requests": requests, "tokens": tokens, "rejections": rejections}
-        return out
-
-
-class TeeMetrics:
-    """The metrics object the key limiter reports to: the Prometheus metrics and the tally."""
-
-    def __init__(self, metrics, tally: KeyTally):
-        self._metrics, self._tally = metrics, tally
-
-    def key_admitted(self, key: str) -> None:
-        self._metrics.key_admitted(key)
-        self._tally.key_admitted(key)
-
-    def key_finished(self, key: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self._metrics.key_finished(key, prompt_tokens, completion_tokens)
-        self._tally.key_finished(key, prompt_tokens, completion_tokens)
-
-    def key_rejected(self, key: str, reason: str) -> None:
-        self._metrics.key_rejected(key, reason)
-        self._tally.key_rejected(key, reason)
-
-    def __getattr__(self, name):  # key_busy and anything else: the metrics' own
-        return getattr(self._metrics, name)
-
-
-class Snapshot:
-    """One built snapshot of a channel: its data (without the per-reader fields) encoded once."""
-
-    __slots__ = ("seq", "time", "data", "ticks", "body")
-
-    def __init__(self, seq: int, at: float, data: dict):
-        self.seq, self.time, self.data = seq, at, data
-        self.ticks = {name: model["ticks"] for name, model in data["models"].items()}
-        self.body = dumps(data)  # "{...}": the reader's seq, time and coalesced go in front
-
-    def encode(self, coalesced: int, carried: dict | None) -> bytes:
-        head = f'{{"seq":{self.seq},"time":{self.time:.3f},"coalesced":{coalesced},'
-        if not carried:
-            return event("snapshot", head + self.body[1:])
-        data = dict(self.data, models={
-            name: dict(model, ticks=(carried.get(name, []) + model["ticks"])[-MAX_TICKS:])
-            for name, model in self.data["models"].items()})
-        return event("snapshot", head + dumps(data)[1:])
-
-
-class Reader:
-    """One open /events stream: a one-slot mailbox of snapshots."""
-
-    __slots__ = ("channel", "pending", "coalesced", "carried", "ready", "sent", "ping", "writing_since",
-                 "last_sent", "task", "abort", "peer", "dropped")
-
-    def __init__(self, channel: Channel):
-        self.channel = channel
-        self.pending: Snapshot | None = None
-        self.coalesced = 0            # snapshots replaced before this reader took them, since its last
-        self.carried: dict | None = None  # the replaced snapshots' ticks, per model
-        self.ready = asyncio.Event()
-        self.sent = 0
-        self.ping = False             # a ping is due (nothing sent for ping_s)
-        self.writing_since: float | None = None  # loop time its write in progress started
-        self.last_sent = 0.0
-        self.task: asyncio.Task | None = None    # the task writing its stream
-        self.abort = None             # closes its connection
-        self.peer = "-"
-        self.dropped = False
-
-    def offer(self, snap: Snapshot) -> None:
-        """A new snapshot: replaces one not yet taken (counted, its ticks carried)."""
-        old = self.pending
-        if old is not None:
-            self.coalesced += 1
-            carried = self.carried or {}
-            self.carried = {name: (carried.get(name, []) + ticks)[-MAX_TICKS:] for name, ticks in old.ticks.items()}
-        self.pending = snap
-        self.ready.set()
-
-    def take(self) -> bytes | None:
-        """The pending snapshot as an SSE event (None if none), and the mailbox emptied."""
-        snap = self.pending
-        self.ready.clear()
-        if snap is None:
-            return None
-        out = snap.encode(self.coalesced, self.carried)
-        self.pending, self.coalesced, self.carried = None, 0, None
-        self.sent += 1
-        return out
-
-
-class Channel:
-    """The readers of one (interval, model) pair, and the task that builds their snapshots."""
-
-    def __init__(self, hub: EventHub, interval_ms: int, model: str | None):
-        self.hub, self.interval_ms, self.model = hub, interval_ms, model
-        self.readers: set[Reader] = set()
-        self.seq = 0
-        self.since: dict[str, int] = {}  # per model: the last tick seq a snapshot carried
-        self.latest: Snapshot | None = None
-        self.task: asyncio.Task | None = None
-
-    def build(self) -> Snapshot:
-        self.seq += 1
-        snap = self.hub.build(self.model, self.since)
-        self.latest = Snapshot(self.seq, self.hub.clock(), snap)
-        return self.latest
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.interval_ms / 1000
-        due = loop.time()
-        while self.readers:
-            due += interval
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            if not self.readers:
-                break
-            if loop.time() - due > interval:  # the loop was blocked: start the schedule afresh
-                due = loop.time()
-            try:
-                snap = self.build()
-            except Exception:  # noqa: BLE001 - a model that went away mid-build, say: try again next time
-                log.exception("events: building a snapshot failed")
-            else:
-                for reader in list(self.readers):
-                    reader.offer(snap)
-            self.hub.watch(self.readers, loop.time())
 
 
 class EventHub:

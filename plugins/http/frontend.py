@@ -13,7 +13,8 @@ from .admin_routes import AdminRoutes
 from .catchup import LoopCatchup
 from .embedding_routes import EmbeddingRoutes
 from .errors import json_errors
-from .events import EventHub, TeeMetrics
+from .event_keys import TeeMetrics
+from .events import EventHub
 from .events_routes import EventsRoutes
 from .info_routes import InfoRoutes
 from .keys import PolicyFile

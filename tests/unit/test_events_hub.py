@@ -16,6 +16,7 @@ import pytest
 from superfluid.core import qos
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.stats import TickStats
+from superfluid.plugins.http.event_keys import TeeMetrics
 from superfluid.plugins.http import events as ev
 from superfluid.plugins.http.events_routes import parse_query
 
@@ -222,7 +223,7 @@ def test_ping_when_nothing_else_is_sent_and_shutdown_ends_streams():
 def test_keys_with_a_policy():
     policy = SimpleNamespace(current=SimpleNamespace(keys={"alice": None, "bob": None}))
     hub, _ = _hub(policy=policy)
-    tee = ev.TeeMetrics(SimpleNamespace(key_admitted=lambda k: None, key_finished=lambda k, p, c: None,
+    tee = TeeMetrics(SimpleNamespace(key_admitted=lambda k: None, key_finished=lambda k, p, c: None,
                                         key_rejected=lambda k, r: None, key_busy=lambda k, n: None), hub.keys)
     tee.key_admitted("alice")
     tee.key_finished("alice", 10, 5)
