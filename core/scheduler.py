@@ -208,7 +208,7 @@ class Scheduler:
             decode_tokens=decode_tokens, prefill_budget=plan.prefill_budget,
             decode_grant=plan.decode_grant, lanes_busy=len(self.lanes),
             max_lanes=self.settings.max_batch, queue_depth=len(self.queue),
-            stopped_early=result.stopped_early, quiet=plan.quiet, kv_used=kv.used,
+            stopped_early=result.stopped_early, quiet=plan.quiet, target_s=plan.target_s, kv_used=kv.used,
             kv_capacity=kv.capacity, first_tokens=first_tokens, finished=finished,
             queue_by_class=count_by_class(self.queue), lanes_by_class=count_by_class(self.lanes),
             preempted=preempted, promoted=promoted, parked_bytes=kv.parked_bytes,

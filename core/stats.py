@@ -36,6 +36,7 @@ class TickStats:
     promoted: int = 0      # lanes admitted after waiting the starvation bound
     parked_bytes: int = 0  # KV bytes the engine holds parked in host memory
     quiet: bool = False    # the tick was a quiet one (TickPlan.quiet)
+    target_s: float | None = None  # the length the plan aimed at (TickPlan.target_s)
     cache_hits: int = 0         # lanes seeded from the prefix cache (or a running lane) while planning
     cache_hit_tokens: int = 0   # prompt tokens those lanes did not have to prefill
     cached_tokens: int = 0      # tokens held as cached prefixes in free slots

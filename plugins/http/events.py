@@ -3,8 +3,7 @@ cost to the ticks.
 
 **Watching costs nothing.** The model's thread does one thing for the hub after a tick: it
 appends a small tuple to a bounded deque (:meth:`EventHub.superfluid_tick_done`; a few
-microseconds, measured in tests/unit/test_events_hub.py), and notes each plan's target length as
-the plan passes (a hook wrapper: one dict store). Everything else happens on the event
+microseconds, measured in tests/unit/test_events_hub.py). Everything else happens on the event
 loop: once per interval a *channel* (the readers that asked for the same interval and model)
 drains that deque, reads each model's scheduler the way ``/slots`` does (its lock held for the
 copy only), builds one snapshot and encodes it once for all its readers. Readers never touch
@@ -24,7 +23,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import threading
 import time
 from typing import Iterable
 
@@ -90,28 +88,15 @@ class EventHub:
         self.dropped = 0  # readers dropped for not draining
         self.closing = False
         self._all: set[Reader] = set()
-        self._targets: dict[int, float] = {}  # model thread -> the target of the plan it is running
 
     # ---- the model threads: as little as possible --------------------------------------------
-
-    @hookimpl(wrapper=True)
-    def superfluid_plan_tick(self):
-        """The planned tick's target length (TickPlan.target_s), which TickStats does not carry:
-        planning and tick_done run on the same model thread, one tick after the other."""
-        plan = yield
-        if plan is not None:
-            self._targets[threading.get_ident()] = plan.target_s
-        return plan
 
     @hookimpl
     def superfluid_tick_done(self, model, stats):
         seqs = self._seqs.get(model)
         if seqs is None:
             seqs = self._seqs[model] = itertools.count(1)
-        target = getattr(stats, "target_s", None)
-        if target is None:
-            target = self._targets.get(threading.get_ident())
-        self.ring.append((model, next(seqs), time.time(), stats.seconds, target,
+        self.ring.append((model, next(seqs), time.time(), stats.seconds, stats.target_s,
                           stats.prefill_tokens, stats.decode_tokens, stats.lanes_busy, stats.stopped_early,
                           stats.first_tokens))
         if stats.preempted:
