@@ -23,7 +23,8 @@ stale exactly when the EPP must know: a burst of requests has arrived and no tic
 or the node went idle. This collector reads the queue and the lanes of each model's scheduler
 when /metrics is asked (two ``len()`` calls, no lock taken, so a scrape never waits for a tick
 nor holds one up). The pool numbers change only when a tick ends, so they come from the last
-tick's stats, which the scheduler takes at one consistent point.
+tick's stats, which the scheduler takes at one consistent point (a tick streams its tokens just
+before its stats reach the collector, so a scrape may see the pool one tick behind a token).
 
 **KV use leaves out the prefix cache.** The pool also holds cached prefixes in free slots; they are
 evicted the moment a lane needs the room, so they are free capacity, as cached-but-unreferenced

@@ -73,7 +73,9 @@ def test_idle_busy_and_idle_again(node):
         assert first.status == 200
         while not first.fp.readline().startswith(b"data:"):  # its prompt is in the KV now
             pass
-        waiting, running, usage = values(node)
+        # the queue and the lanes are read live; the pool numbers as of the last tick's end, and the
+        # token just read was streamed before its tick's stats reached the gauge: wait for them
+        waiting, running, usage = wait_for(node, lambda w, r, u: u > idle_usage, timeout=10)
         assert (waiting, running) == (2, 1)
         assert idle_usage < usage <= 1, usage
         info = scrape(node)[CACHE_INFO]["labels"]
