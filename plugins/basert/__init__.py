@@ -48,6 +48,13 @@ OPTIONS = [
            "cuda:N, mps)", model_scoped=True, metavar="DEVICE"),
     Option("dtype", str, "auto", "basert: weights and KV dtype (auto: bf16 on CUDA, fp32 elsewhere; or bf16, "
            "fp32)", one_of("auto", "bf16", "fp32"), model_scoped=True, metavar="DTYPE"),
+    Option("attention", str, "auto", "basert: the attention of decode-only steps: auto (flex on CUDA with "
+           "16-bit KV, else sdpa), sdpa (each row's pages gathered, then PyTorch's scaled_dot_product_attention) "
+           "or flex (FlexAttention reading the pages in place; compiled on CUDA, a slow reference elsewhere)",
+           one_of("auto", "sdpa", "flex"), model_scoped=True, metavar="auto|sdpa|flex"),
+    Option("cuda-graphs", str, "auto", "basert: replay decode-only steps as one CUDA graph per batch size "
+           "(1, 2, 4, ... lanes), captured at startup: auto (on with flex attention on CUDA), on or off",
+           one_of("auto", "on", "off"), model_scoped=True, metavar="auto|on|off"),
     Option("kv-memory", float, 0.5, "basert: share of the device's free memory (after the weights) the paged KV "
            "pool may take, capped at lanes x context", in_range(0.01, 0.95), model_scoped=True,
            metavar="FRACTION"),

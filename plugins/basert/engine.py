@@ -25,6 +25,7 @@ from superfluid.plugins.vocab.constraints import lltokenizer
 
 from . import model as models
 from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
+from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
 from .runner import PREFILL_STEP, TickRunner
 
@@ -62,6 +63,23 @@ def resolve_device(spec: str, name: str) -> torch.device:
     elif device.type != "cpu":
         raise ConfigError(f"model {name!r}: device {spec!r} is not supported (cpu, cuda, cuda:N, mps)")
     return device
+
+
+def resolve_decode(attention: str, graphs: str, device: torch.device, kv_bits: int, name: str) -> tuple[str, bool]:
+    """(attention kernel, CUDA graphs on) from ``--attention`` and ``--cuda-graphs``: auto picks
+    flex and graphs on CUDA with 16-bit KV (FlexAttention reads 16-bit pages only), sdpa
+    elsewhere; an explicit choice the device or KV width cannot honour is a ConfigError."""
+    if attention == "flex" and kv_bits:
+        raise ConfigError(f"model {name!r}: attention flex reads 16-bit KV pages; with kv-bits {kv_bits} "
+                          "use attention sdpa (or auto)")
+    if graphs == "on" and device.type != "cuda":
+        raise ConfigError(f"model {name!r}: cuda-graphs on needs a CUDA device, not {device}")
+    if attention == "auto":
+        attention = "flex" if device.type == "cuda" and not kv_bits else "sdpa"
+    if graphs == "on" and attention != "flex":
+        raise ConfigError(f"model {name!r}: cuda-graphs on replays the flex decode step; it needs attention "
+                          f"flex (or auto with 16-bit KV), not {attention}")
+    return attention, graphs == "on" or (graphs == "auto" and attention == "flex" and device.type == "cuda")
 
 
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
@@ -102,6 +120,10 @@ class BasertEngine(Engine):
         self.speculate = int(model.values.get("speculate", 0) or 0)
         self.kv_bits = int(model.values.get("kv-bits", 0) or 0)
         self.kv_memory = float(model.values.get("kv-memory", 0.5) or 0.5)
+        attention, graphs = model.values.get("attention", "auto"), model.values.get("cuda-graphs", "auto")
+        self.attention, self.cuda_graphs = resolve_decode(attention, graphs, self.device, self.kv_bits, model.name)
+        self.decode_auto = attention == "auto" and graphs == "auto"  # may fall back to sdpa
+        self.decode_capture_s = 0.0
         self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
         self.vocab = open_vocab(self.path, model.name)
         self.arch = architecture(self.vocab)
@@ -149,8 +171,9 @@ class BasertEngine(Engine):
         except BaseException:
             self._free()
             raise
+        decoder = self._new_decoder(progress)
         self.runner = TickRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
-                                 speculate=self.speculate, constrainer=self.constrainer)
+                                 speculate=self.speculate, constrainer=self.constrainer, decoder=decoder)
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
                  "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,
@@ -158,6 +181,32 @@ class BasertEngine(Engine):
                  f"{self.kv_bits}-bit" if self.kv_bits else "full-width",
                  self.pool.n_blocks * self.pool.block_size * self._bytes_per_token(shape) / 2**20,
                  f"{self.speculate} tokens" if self.speculate else "off")
+        log.info("model %s: decode attention %s, CUDA graphs %s (%.1f s to compile and capture)", self.name,
+                 self.attention, "on" if self.cuda_graphs else "off", self.decode_capture_s)
+
+    def _new_decoder(self, progress) -> DecodeGraphs | None:
+        """The decode-only path (flex attention, CUDA graphs), compiled and captured now so that
+        no tick pays for it. If that fails where the flags left the choice to basert (auto), it
+        says why and serves on the gather path; where they asked for it, the model does not start."""
+        if self.attention != "flex":
+            return None
+        try:
+            if progress and self.cuda_graphs:
+                progress(f"loading {self.name}: capturing CUDA graphs for decode steps")
+            decoder = DecodeGraphs(self.model, self.pool, max_lanes=self.max_lanes, max_context=self.max_context,
+                                   graphs=self.cuda_graphs)
+            with torch.inference_mode():
+                self.decode_capture_s = decoder.warm_up()
+            return decoder
+        except Exception as exc:
+            if not self.decode_auto:
+                self._free()
+                raise ConfigError(f"model {self.name!r}: attention flex / cuda-graphs failed to start on "
+                                  f"{self.device}: {exc}") from exc
+            log.warning("model %s: flex attention and CUDA graphs failed to start (%s); decoding on the "
+                        "gather path (attention sdpa)", self.name, exc)
+            self.attention, self.cuda_graphs = "sdpa", False
+            return None
 
     def _bytes_per_token(self, shape) -> float:
         return PagedKV.bytes_per_token(shape.n_layers, shape.n_kv_heads, shape.head_dim, self.dtype, self.kv_bits)
@@ -179,7 +228,7 @@ class BasertEngine(Engine):
         n_blocks = -(-cells // BLOCK_SIZE)
         return PagedKV(n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
                        n_blocks=n_blocks, block_size=BLOCK_SIZE, dtype=self.dtype, device=self.device,
-                       bits=self.kv_bits)
+                       bits=self.kv_bits, scratch=self.attention == "flex")
 
     def _free(self) -> None:
         self.runner = None
@@ -219,7 +268,7 @@ class BasertEngine(Engine):
     def describe(self) -> dict:
         out = {"engine": "basert", "state": "ready" if self.runner else "stopped", "device": str(self.device),
                "dtype": str(self.dtype).replace("torch.", ""), "kv_bits": self.kv_bits or torch.finfo(self.dtype).bits,
-               "speculate": self.speculate}
+               "speculate": self.speculate, "attention": self.attention, "cuda_graphs": self.cuda_graphs}
         if self.pool is not None:
             out.update(kv_blocks=self.pool.n_blocks, block_size=self.pool.block_size,
                        kv_blocks_used=self.pool.used_blocks())

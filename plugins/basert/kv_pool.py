@@ -62,19 +62,22 @@ class _Slot:
 class PagedKV:
     """The paged KV pool (see the module docstring). ``bits`` 0 stores ``dtype``; 8 or 4 store
     quantized codes (``kv_quant``). ``max_gather_tokens`` caps the key rows one decode
-    attention call gathers (``StepView``)."""
+    attention call gathers (``StepView``). ``scratch``: the store holds one block more, which no
+    slot is ever given (``scratch_block``): the padding rows of a fixed-size decode step
+    (``paged_decode``) write there."""
 
     def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
                  block_size: int = 16, dtype: torch.dtype, device: torch.device,
-                 bits: int = 0, max_gather_tokens: int = 1 << 16) -> None:
+                 bits: int = 0, max_gather_tokens: int = 1 << 16, scratch: bool = False) -> None:
         if n_blocks < 1 or block_size < 1:
             raise ValueError("n_blocks and block_size must be positive")
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.n_blocks, self.block_size, self.bits = n_blocks, block_size, bits
         self.dtype, self.device = dtype, torch.device(device)
         self.max_gather_tokens = max_gather_tokens
+        self.scratch_block = n_blocks if scratch else None
         dims = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                    n_blocks=n_blocks, block_size=block_size, dtype=dtype, device=self.device)
+                    n_blocks=n_blocks + bool(scratch), block_size=block_size, dtype=dtype, device=self.device)
         if bits == 0:
             self.store: DenseBlocks | QuantBlocks = DenseBlocks(**dims)
         else:
@@ -265,6 +268,13 @@ class PagedKV:
     def begin_step(self, rows: list[tuple[int, int, int]]) -> StepView:
         """The step's attention view; ``rows`` as passed to ``reserve`` (their order is the
         order of the flat T the model's tensors use)."""
+        return StepView(store=self.store, rows=rows, tables=self.step_tables(rows), n_layers=self.n_layers,
+                        device=self.device, on_done=lambda: self.step_done(rows),
+                        max_gather_tokens=self.max_gather_tokens)
+
+    def step_tables(self, rows: list[tuple[int, int, int]]) -> list[list[int]]:
+        """Each reserved row's block table, checked: the blocks it writes are its own. For an
+        attention that is not a ``StepView`` (``paged_decode``), which then calls ``step_done``."""
         bs = self.block_size
         tables = []
         for slot, start, count in rows:
@@ -279,11 +289,9 @@ class PagedKV:
                     raise ValueError(f"slot {slot} would write shared block {s.table[bi]}; "
                                      "reserve the row after sharing")
             tables.append(list(s.table))
-        return StepView(store=self.store, rows=rows, tables=tables, n_layers=self.n_layers,
-                        device=self.device, on_done=lambda: self._step_done(rows),
-                        max_gather_tokens=self.max_gather_tokens)
+        return tables
 
-    def _step_done(self, rows: list[tuple[int, int, int]]) -> None:
+    def step_done(self, rows: list[tuple[int, int, int]]) -> None:
         """The forward wrote the rows' KV in every layer: their full blocks may now be hashed."""
         for slot, start, count in rows:
             s = self._slots.get(slot)

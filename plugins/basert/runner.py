@@ -26,6 +26,7 @@ from superfluid.core.logits import token_logprob
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
 
+from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
 from .sampler import LaneSampler, sample_rows
 from .speculate import Gate, propose, verify_greedy
@@ -72,10 +73,12 @@ class TickRunner(tick_runner.TickRunner):
     """basert's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag, *, device: torch.device,
-                 speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP):
+                 speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
+                 decoder: DecodeGraphs | None = None):
         super().__init__(stop_flag, pool.n_blocks * pool.block_size)
         self.model = model
         self.pool = pool
+        self.decoder = decoder  # decode-only steps: FlexAttention on the pages, CUDA graphs
         self.eog = eog
         self.device = device
         self.constrainer = constrainer
@@ -194,9 +197,7 @@ class TickRunner(tick_runner.TickRunner):
         fed_tokens = [r.work.feed[:r.count] + r.draft for r in rows]
         flat = [t for toks in fed_tokens for t in toks]
         positions = [p for r in rows for p in range(r.start, r.start + r.width)]
-        tokens_t = torch.tensor(flat, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(tokens_t, pos_t, self.pool.begin_step(spans))
+        hidden = self._forward(rows, spans, flat, positions)
 
         wanted = [r.offset + i for r in rows for i in r.logit_rows()]
         logits = self.model.logits(hidden[wanted]) if wanted else None
@@ -269,6 +270,18 @@ class TickRunner(tick_runner.TickRunner):
         result.steps.append(StepTiming(prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
                                        seconds=time.perf_counter() - t0, drafted=drafted, accepted=accepted))
         return True
+
+    def _forward(self, rows: list[_Row], spans, flat: list[int], positions: list[int]) -> torch.Tensor:
+        """The step's final hidden states: a decode-only step (one token per row) that fits the
+        decoder's buckets goes through it; any other through the gather path's ``StepView``."""
+        decoder = self.decoder
+        if decoder is not None and rows and len(rows) <= decoder.max_rows and all(r.width == 1 for r in rows):
+            hidden = decoder.hidden(flat, positions, self.pool.step_tables(spans))
+            self.pool.step_done(spans)
+            return hidden
+        tokens_t = torch.tensor(flat, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        return self.model(tokens_t, pos_t, self.pool.begin_step(spans))
 
     def _emit(self, w: Work, r: _Row, emitted: list[int]) -> None:
         """A verified row: the lane takes the emitted tokens (the accepted drafts, then the model's

@@ -15,6 +15,7 @@ from superfluid.core.logits import token_logprob  # noqa: E402
 from superfluid.core.request import SamplingParams  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.basert import model as models  # noqa: E402
+from superfluid.plugins.basert.decode_graph import DecodeGraphs  # noqa: E402
 from superfluid.plugins.basert.dense_attention import DenseAttention  # noqa: E402
 from superfluid.plugins.basert.kv_pool import PagedKV  # noqa: E402
 from superfluid.plugins.basert.runner import TickRunner  # noqa: E402
@@ -32,11 +33,16 @@ def tiny(tmp_path_factory):
     return models.load(str(path), name="tiny", device=CPU, dtype=torch.float32)
 
 
-def runner(model, *, n_blocks=256, bits=0, speculate=0, step_tokens=512):
+def runner(model, *, n_blocks=256, bits=0, speculate=0, step_tokens=512, flex_lanes=0):
+    """``flex_lanes``: decode-only steps of up to that many lanes go through the fixed-size flex
+    decoder (eager on the CPU: what a CUDA graph replays)."""
     s = model.shape
     pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=n_blocks,
-                   block_size=16, dtype=torch.float32, device=CPU, bits=bits)
-    return TickRunner(model, pool, set(), bytearray(3), device=CPU, speculate=speculate, step_tokens=step_tokens)
+                   block_size=16, dtype=torch.float32, device=CPU, bits=bits, scratch=bool(flex_lanes))
+    decoder = (DecodeGraphs(model, pool, max_lanes=flex_lanes, max_context=1024, graphs=False)
+               if flex_lanes else None)
+    return TickRunner(model, pool, set(), bytearray(3), device=CPU, speculate=speculate, step_tokens=step_tokens,
+                      decoder=decoder)
 
 
 def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GREEDY):
@@ -78,6 +84,40 @@ def test_batched_lanes_equal_each_lane_alone_and_the_dense_reference(tiny):
     for slot, prompt in enumerate(PROMPTS):
         assert together[slot] == generate(runner(tiny), {0: prompt}, 12)[0]
         assert together[slot] == dense_greedy(tiny, prompt, 12)
+
+
+def test_the_flex_decoder_gives_the_gather_paths_tokens_and_logits(tiny):
+    """Decode-only steps through the fixed-size flex decoder (3 lanes padded to a bucket of 4, one
+    lane in the bucket of 1): the same greedy tokens as the gather path, the same logits to 1e-5,
+    and it really ran (its buckets' buffers hold the last steps' positions)."""
+    lanes = {0: PROMPTS[0], 1: PROMPTS[1], 2: PROMPTS[3]}
+    flex, gather = runner(tiny, flex_lanes=4), runner(tiny)
+    assert generate(flex, lanes, 12) == generate(gather, lanes, 12)
+    four = flex.decoder.buckets[4].decode
+    assert four.n_rows == 3 and four.positions[:3].tolist() == [len(lanes[s]) + 10 for s in range(3)]
+    assert generate(flex, {0: PROMPTS[2]}, 9) == generate(gather, {0: PROMPTS[2]}, 9)
+    assert int(flex.decoder.buckets[1].decode.positions[0]) == len(PROMPTS[2]) + 7
+    # one more decode step on each, from the same pages: the hidden states' logits agree
+    pos, token = len(PROMPTS[2]) + 8, 5
+    logits = []
+    for r in (flex, gather):
+        with torch.inference_mode():
+            assert r.pool.reserve([(0, pos, 1)])
+            h = r._forward([_OneToken()], [(0, pos, 1)], [token], [pos])
+            logits.append(tiny.logits(h))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)
+
+
+class _OneToken:
+    width = 1
+
+
+def test_speculation_with_the_flex_decoder_gives_the_greedy_tokens(tiny):
+    """Verify rows (several tokens) leave the decoder for the gather path and come back to it once
+    the gate closes: the tokens stay the greedy ones."""
+    prompt = [11, 12, 13, 14, 15] * 8
+    want = generate(runner(tiny), {0: prompt, 1: PROMPTS[1]}, 24)
+    assert generate(runner(tiny, flex_lanes=2, speculate=4), {0: prompt, 1: PROMPTS[1]}, 24) == want
 
 
 def test_prefill_in_small_steps_gives_the_same_tokens(tiny):

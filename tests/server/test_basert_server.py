@@ -178,7 +178,23 @@ def test_eight_bit_kv_serves_close_to_full_width(start_server, references):
     assert same >= 20, (text, ref)  # agrees well past the start (measured figures: docs/benchmarks.md)
 
 
+def test_flex_attention_serves_the_gather_paths_text(start_server, references):
+    """``--attention flex`` on the CPU: two lanes decode together through the fixed-size decoder
+    (FlexAttention's reference path here; its compiled kernel and graphs on CUDA), and each text
+    is the one the default (gather) path gave."""
+    srv = start_server(*BASERT, "--max-batch", "2", "--attention", "flex", "--max-context", "2048")
+    model = srv.get_json("/health")
+    assert '"attention": "flex"' in json.dumps(model)
+    with cf.ThreadPoolExecutor(2) as pool:  # 12 tokens: the CPU's flex is slow (it is not the CPU's default)
+        texts = list(pool.map(lambda p: complete(srv.base, p, 12), AGENT_PROMPTS))
+    for prompt, text in zip(AGENT_PROMPTS, texts):
+        assert len(text) > 12 and references[prompt].startswith(text), (text, references[prompt])
+
+
 @pytest.mark.parametrize("flags,needle", [
+    (("--attention", "flex", "--kv-bits", "8"), "attention flex"),
+    (("--attention", "paged"), "attention"),
+    (("--cuda-graphs", "on", "--device", "cpu"), "cuda-graphs on"),
     (("--kv-bits", "3"), "kv-bits"),
     (("--kv-bits", "wide"), "kv-bits"),
     (("--speculate", "99"), "speculate"),

@@ -174,3 +174,55 @@ def test_full_width_kv_reports_the_width_of_its_dtype(llama_dir):
         assert info["kv_bits"] == 8 * per_value
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("flags,words", [
+    (("--attention", "flex", "--kv-bits", "8"), ["attention flex", "kv-bits 8", "'tiny'"]),
+    (("--cuda-graphs", "on", "--device", "cpu"), ["cuda-graphs on", "CUDA", "cpu", "'tiny'"]),
+    (("--attention", "sdpa", "--cuda-graphs", "on"), ["cuda-graphs on", "'tiny'"]),
+    (("--attention", "paged"), ["attention", "auto, sdpa, flex"]),
+])
+def test_decode_flags_the_device_or_kv_width_cannot_honour_fail_at_startup(llama_dir, flags, words):
+    with pytest.raises((ConfigError, SystemExit)) as info:
+        engine_for(llama_dir, "--max-context", "512", *flags)
+    if info.type is ConfigError:
+        for word in words:
+            assert word in str(info.value)
+
+
+def test_flex_attention_on_the_cpu_decodes_as_the_gather_path_does(llama_dir):
+    """``--attention flex`` on the CPU (the reference FlexAttention, no graphs): the pool holds a
+    scratch block, decode-only steps go through the decoder, and greedy tokens match sdpa's."""
+    from superfluid.core.request import SamplingParams
+    from superfluid.core.tick import LanePlan, TickPlan
+
+    tokens = {}
+    for attention in ("sdpa", "flex"):
+        engine = engine_for(llama_dir, "--max-context", "512", "--max-batch", "2", "--device", "cpu",
+                            "--attention", attention)
+        engine.start()
+        try:
+            info = engine.describe()
+            assert info["attention"] == attention and info["cuda_graphs"] is False
+            assert (engine.runner.decoder is not None) == (attention == "flex")
+            assert (engine.pool.scratch_block is not None) == (attention == "flex")
+            plan = TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(range(10, 40)), sample=True, max_new=12,
+                                            reset=True, sampling=SamplingParams(temperature=0.0), ignore_eos=True)])
+            tokens[attention] = engine.run_tick(plan).lanes[0].tokens
+            if attention == "flex":  # its decode steps went through the decoder's bucket of one
+                assert int(engine.runner.decoder.buckets[1].decode.positions[0]) == 30 + 10
+        finally:
+            engine.close()
+    assert len(tokens["flex"]) == 12 and tokens["flex"] == tokens["sdpa"]
+
+
+def test_auto_picks_flex_and_graphs_on_cuda_with_16_bit_kv_only():
+    from superfluid.plugins.basert.engine import resolve_decode
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_decode("auto", "auto", cuda, 0, "m") == ("flex", True)
+    assert resolve_decode("auto", "auto", cuda, 8, "m") == ("sdpa", False)
+    assert resolve_decode("auto", "off", cuda, 0, "m") == ("flex", False)
+    assert resolve_decode("sdpa", "auto", cuda, 0, "m") == ("sdpa", False)
+    assert resolve_decode("auto", "auto", cpu, 0, "m") == ("sdpa", False)
+    assert resolve_decode("flex", "auto", cpu, 0, "m") == ("flex", False)

@@ -14,8 +14,13 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_every_row(capsys):
     assert check.main(["--tiny", "--device", "cpu", "--dtype", "fp32", "--lanes", "1,2", "--prompt", "32",
                        "--reply", "8"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
-    assert len(rows) == 2 * 3 + 1  # three variants per lane count, then the plain loop
+    table = out[out.rindex("| shape |"):]  # the whole table, printed last (rows also stream as they come)
+    rows = [line for line in table.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 * 4 + 1  # four variants per lane count (on the CPU), then the plain loop
+    assert "| basert --attention flex |" in table
+    check_line = next(line for line in out.splitlines() if "against the gather path" in line)
+    diff = float(check_line.split("max |logit difference| ")[1].split(",")[0])
+    assert diff < 1e-4 and "argmax agrees 2/2" in check_line  # fp32: the decoder computes the same logits
     for row in rows:
         aggregate = float(row.split("|")[4])
         assert aggregate > 0

@@ -11,6 +11,12 @@ lane count as the figure from the same run to compare against. The roofline is t
 decode bound: measured device copy bandwidth over the bytes one token must read (every weight
 but the embedding table, plus the KV of the context).
 
+Decode-only steps run as basert's default runs them on the device (on CUDA: FlexAttention on the
+pages, CUDA graphs), and on CUDA also on the gather path (``--attention sdpa``) and as flex
+without graphs: the measurement that chooses the kernel. Before the table, one decode step of 8
+lanes is computed both ways on the same pages, and its logits compared: a captured graph that
+computed something else would show there.
+
     python tools/gpu/check.py                       # on a GPU machine: both shapes, under 8 minutes
     python tools/gpu/check.py --tiny --device cpu   # the same code on a tiny shape, in seconds
 
@@ -27,7 +33,9 @@ import torch
 
 from superfluid.core.request import SamplingParams
 from superfluid.core.tick import LanePlan, TickPlan
+from superfluid.plugins.basert.decode_graph import DecodeGraphs
 from superfluid.plugins.basert.dense_attention import DenseAttention
+from superfluid.plugins.basert.engine import resolve_decode
 from superfluid.plugins.basert.kv_pool import PagedKV
 from superfluid.plugins.basert.model import random_model
 from superfluid.plugins.basert.runner import TickRunner
@@ -89,16 +97,44 @@ def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def run_paged(model, shape, device, dtype, lanes: int, prompt: int, reply: int, *, speculate: int,
-              kv_bits: int) -> dict:
+class Pools:
+    """One KV pool (and its decoder) per KV width and decode mode, sized for the most lanes and
+    reused by every run of a shape: FlexAttention compiles once per bucket and the graphs are
+    captured once (``setup_s`` says how long that took)."""
+
+    def __init__(self, model, device, dtype, max_lanes: int, context: int) -> None:
+        self.model, self.device, self.dtype = model, device, dtype
+        self.max_lanes, self.context = max_lanes, context
+        self.made: dict[tuple[int, str], tuple[PagedKV, DecodeGraphs | None]] = {}
+        self.setup_s: dict[str, float] = {}
+
+    def get(self, bits: int, mode: str) -> tuple[PagedKV, DecodeGraphs | None]:
+        key = (bits, mode)
+        if key not in self.made:
+            shape, block = self.model.shape, 16
+            pool = PagedKV(n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                           n_blocks=self.max_lanes * -(-self.context // block), block_size=block,
+                           dtype=self.dtype, device=self.device, bits=bits, scratch=mode != "sdpa")
+            decoder = None
+            if mode != "sdpa":
+                t0 = time.perf_counter()
+                decoder = DecodeGraphs(self.model, pool, max_lanes=self.max_lanes, max_context=self.context,
+                                       graphs=mode == "graphs")
+                with torch.inference_mode():
+                    decoder.warm_up()
+                sync(self.device)
+                self.setup_s[mode] = time.perf_counter() - t0
+            self.made[key] = (pool, decoder)
+        return self.made[key]
+
+
+def run_paged(model, device, lanes: int, prompt: int, reply: int, *, speculate: int, pool: PagedKV,
+              decoder: DecodeGraphs | None) -> dict:
     """Prefill every lane (ticks that end at a first token) then decode them all, through basert's
-    runner on a paged pool; the figures of one run."""
-    block = 16
-    pool = PagedKV(n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                   n_blocks=lanes * (-(-(prompt + reply + 32) // block)), block_size=block, dtype=dtype,
-                   device=device, bits=kv_bits)
+    runner on a paged pool; the figures of one run. The pool is left empty."""
+    shape = model.shape
     runner = TickRunner(model, pool, set(), bytearray(3), device=device, speculate=speculate,
-                        step_tokens=max(512, min(8192, lanes * prompt)))
+                        step_tokens=max(512, min(8192, lanes * prompt)), decoder=decoder)
     feeds = prompts(lanes, prompt, shape.vocab_size)
     pos = {s: 0 for s in range(lanes)}
     last: dict[int, int] = {}
@@ -126,12 +162,48 @@ def run_paged(model, shape, device, dtype, lanes: int, prompt: int, reply: int, 
         res = runner.run(TickPlan(lanes=plans))
         sync(device)
     t_decode = time.perf_counter() - t1
+    for s in range(lanes):
+        pool.clear(s)
     generated = sum(len(lr.tokens) for lr in res.lanes.values())
     drafted = sum(s.drafted for s in res.steps)
     accepted = sum(s.accepted for s in res.steps)
     return {"aggregate": (generated + lanes) / (t_prefill + t_decode), "decode": generated / t_decode,
             "ttft_p50": statistics.median(ttft), "ttft_max": max(ttft),
             "acceptance": accepted / drafted if drafted else None}
+
+
+def decode_agreement(model, device, pool: PagedKV, decoder: DecodeGraphs, lanes: int = 8,
+                     prompt: int = 64) -> tuple[float, int, int]:
+    """One decode step of ``lanes`` lanes on the same pages, on the gather path and through
+    ``decoder``: (max |logit difference|, rows whose argmax agrees, rows)."""
+    lanes = min(lanes, decoder.max_rows)
+    feeds = prompts(lanes, prompt, model.shape.vocab_size, seed=1)
+    rows = [(s, 0, prompt) for s in range(lanes)]
+    with torch.inference_mode():
+        assert pool.reserve(rows)
+        flat = torch.tensor([t for f in feeds for t in f], device=device)
+        positions = torch.arange(prompt, device=device).repeat(lanes)
+        model(flat, positions, pool.begin_step(rows))
+        step = [(s, prompt, 1) for s in range(lanes)]
+        tokens, at = [f[0] for f in feeds], [prompt] * lanes
+        out = []
+        for path in ("gather", "decoder"):
+            for s in range(lanes):
+                pool.truncate(s, prompt)
+            assert pool.reserve(step)
+            if path == "gather":
+                hidden = model(torch.tensor(tokens, device=device), torch.tensor(at, device=device),
+                               pool.begin_step(step))
+            else:
+                hidden = decoder.hidden(tokens, at, pool.step_tables(step))
+                pool.step_done(step)
+            out.append(model.logits(hidden))
+        sync(device)
+    for s in range(lanes):
+        pool.clear(s)
+    diff = float((out[0] - out[1]).abs().max())
+    agree = int((out[0].argmax(-1) == out[1].argmax(-1)).sum())
+    return diff, agree, lanes
 
 
 def run_dense(model, shape, device, dtype, lanes: int, prompt: int, reply: int) -> dict:
@@ -164,6 +236,21 @@ def fmt(x, spec=".0f"):
     return "-" if x is None else format(x, spec)
 
 
+def variants(device: torch.device, speculate: int) -> list[tuple[str, str, int, int, set | None]]:
+    """(label, decode mode, speculate, kv bits, lane counts or None for all): basert as it runs by
+    default on ``device`` first, then, on CUDA, the decode kernels it chose between."""
+    default, graphs = resolve_decode("auto", "auto", device, 0, "check")
+    mode = "graphs" if graphs else default
+    out = [("basert", mode, 0, 0, None), ("basert --speculate", mode, speculate, 0, None),
+           ("basert --kv-bits 8", "sdpa", 0, 8, None)]
+    if device.type == "cuda":
+        out += [("basert --attention sdpa", "sdpa", 0, 0, None),
+                ("basert --cuda-graphs off", "flex", 0, 0, {1, 8, 64})]
+    else:
+        out += [("basert --attention flex", "flex", 0, 0, None)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -180,40 +267,57 @@ def main(argv: list[str] | None = None) -> int:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     names = ["tiny"] if args.tiny else args.shapes.split(",")
     lane_counts = [int(x) for x in args.lanes.split(",")]
+    context = args.prompt + args.reply + 32
     started = time.perf_counter()
     bw = copy_bandwidth(device, 64 if args.tiny else 2048)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     print(f"# basert GPU check on {name}, torch {torch.__version__}, {args.dtype}, prompts {args.prompt}, "
           f"replies {args.reply}; copy bandwidth {bw / 1e12:.2f} TB/s")
-    print("| shape | lanes | variant | aggregate tok/s | decode tok/s | TTFT p50 s | TTFT max s | accept | "
-          "batch-1 roofline tok/s | decode / roofline (batch 1) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = ["| shape | lanes | variant | aggregate tok/s | decode tok/s | TTFT p50 s | TTFT max s | accept | "
+             "batch-1 roofline tok/s | decode / roofline (batch 1) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for shape_name in names:
         shape = ModelShape.from_hf_config(SHAPES[shape_name], name=shape_name)
         model = random_model(shape, device=device, dtype=dtype)
+        pools = Pools(model, device, dtype, max(lane_counts), context)
+        todo = variants(device, args.speculate)
+        for mode in dict.fromkeys(m for _, m, _, _, _ in todo):
+            if mode != "sdpa":
+                pool, decoder = pools.get(0, mode)
+                diff, agree, n = decode_agreement(model, device, pool, decoder)
+                print(f"# {shape_name}: decode {mode} ready in {pools.setup_s[mode]:.1f} s; one decode step of "
+                      f"{n} lanes against the gather path: max |logit difference| {diff:.3g}, argmax agrees "
+                      f"{agree}/{n}", flush=True)
         # warm-up: kernels, allocator and caches, so the first row is not paying for them
-        run_paged(model, shape, device, dtype, 2, min(args.prompt, 64), 4, speculate=args.speculate, kv_bits=8)
-        variants = [("basert", 0, 0), ("basert --speculate", args.speculate, 0), ("basert --kv-bits 8", 0, 8)]
+        for _, mode, spec, bits, _ in todo:
+            pool, decoder = pools.get(bits, mode)
+            run_paged(model, device, 2, min(args.prompt, 64), 4, speculate=spec, pool=pool, decoder=decoder)
         for lanes in lane_counts:
-            for label, spec, bits in variants:
-                if time.perf_counter() - started > args.budget_s:
-                    print(f"| {shape_name} | {lanes} | {label} | skipped: past --budget-s | | | | | | |")
+            for label, mode, spec, bits, only in todo:
+                if only is not None and lanes not in only:
                     continue
-                r = run_paged(model, shape, device, dtype, lanes, args.prompt, args.reply, speculate=spec,
-                              kv_bits=bits)
+                if time.perf_counter() - started > args.budget_s:
+                    table.append(f"| {shape_name} | {lanes} | {label} | skipped: past --budget-s | | | | | | |")
+                    continue
+                pool, decoder = pools.get(bits, mode)
+                r = run_paged(model, device, lanes, args.prompt, args.reply, speculate=spec, pool=pool,
+                              decoder=decoder)
                 roof = bw / bytes_per_decode_token(shape, dtype, args.prompt + args.reply // 2, bits)
                 share = f"{r['decode'] / roof:.0%}" if lanes == 1 else ""
-                print(f"| {shape_name} | {lanes} | {label} | {fmt(r['aggregate'])} | {fmt(r['decode'])} | "
-                      f"{fmt(r['ttft_p50'], '.3f')} | {fmt(r['ttft_max'], '.3f')} | {fmt(r['acceptance'], '.2f')} | "
-                      f"{roof:.0f} | {share} |", flush=True)
+                table.append(f"| {shape_name} | {lanes} | {label} | {fmt(r['aggregate'])} | {fmt(r['decode'])} | "
+                             f"{fmt(r['ttft_p50'], '.3f')} | {fmt(r['ttft_max'], '.3f')} | "
+                             f"{fmt(r['acceptance'], '.2f')} | {roof:.0f} | {share} |")
+                print(table[-1], flush=True)
         dense_lanes = 64 if 64 in lane_counts else max(lane_counts)
         if time.perf_counter() - started <= args.budget_s:
+            del pools
             r = run_dense(model, shape, device, dtype, dense_lanes, args.prompt, args.reply)
-            print(f"| {shape_name} | {dense_lanes} | plain PyTorch loop, no paging | {fmt(r['aggregate'])} | "
-                  f"{fmt(r['decode'])} | - | {fmt(r['ttft_max'], '.3f')} | - | | |", flush=True)
+            table.append(f"| {shape_name} | {dense_lanes} | plain PyTorch loop, no paging | {fmt(r['aggregate'])} | "
+                         f"{fmt(r['decode'])} | - | {fmt(r['ttft_max'], '.3f')} | - | | |")
+            print(table[-1], flush=True)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    print("\n".join(table))
     print(f"# done in {time.perf_counter() - started:.0f} s")
     return 0
 
