@@ -38,10 +38,14 @@ _FAR = 1 << 30
 
 
 @lru_cache(maxsize=None)
-def flex_kernel(device_type: str):
-    """FlexAttention as it runs on ``device_type``: compiled (fused Triton kernel) on CUDA;
-    elsewhere unfused (it builds the full score matrix; correct, and only a reference there)."""
-    if device_type == "cuda":
+def flex_kernel(device_type: str, compiled: bool | None = None):
+    """FlexAttention as it runs on ``device_type``: compiled by default on CUDA (a fused Triton
+    kernel that reads only the listed blocks); elsewhere unfused (it evaluates the mask over the
+    whole pool: correct, and only a reference there). ``compiled`` overrides the default: the
+    tests compile it on the CPU (inductor's C++ kernel, which reads the block lists too)."""
+    if compiled is None:
+        compiled = device_type == "cuda"
+    if compiled:
         import torch._dynamo
 
         # one compiled kernel per bucket and window (their masks close over their own tensors):
@@ -77,14 +81,17 @@ class _Mask:
     filled in place by :meth:`PagedDecode.prepare` and read by the BlockMask built over them."""
 
     def __init__(self, owner: "PagedDecode", window: int | None) -> None:
-        b, nb, dev = owner.batch, owner.max_blocks, owner.device
+        b, dev = owner.batch, owner.device
+        # the lists are as long as the pool has blocks (inductor's lowering asks that the mask
+        # cover the whole key length); only their first kv_num / full_num entries are read
+        width = max(owner.n_cells // owner.block_size, 2)
         self.window = window
         self.first = torch.zeros(b, dtype=torch.long, device=dev)      # first visible position
         self.kv_num = torch.zeros(b, 1, 1, dtype=torch.int32, device=dev)
-        self.kv_idx = torch.zeros(b, 1, 1, max(nb, 2), dtype=torch.int32, device=dev)
+        self.kv_idx = torch.zeros(b, 1, 1, width, dtype=torch.int32, device=dev)
         self.full_num = torch.zeros(b, 1, 1, dtype=torch.int32, device=dev)
-        self.full_idx = torch.zeros(b, 1, 1, max(nb, 2), dtype=torch.int32, device=dev)
-        bs, inv, pos, first = owner.block_size, owner.inverse, owner.positions, self.first
+        self.full_idx = torch.zeros(b, 1, 1, width, dtype=torch.int32, device=dev)
+        bs, inv, pos, first = owner.block_size, owner.inverse, owner.query_pos, self.first
 
         def visible(b, h, q_idx, kv_idx):
             kpos = inv[b, kv_idx // bs] * bs + kv_idx % bs
@@ -115,10 +122,10 @@ class PagedDecode:
     """One bucket: ``batch`` decode rows (one token each) over a ``DenseBlocks`` store, as the
     model's attention object (``attend``). ``max_blocks``: the longest block table a row may have
     (the context length in blocks); ``scratch``: the store's block no slot owns; ``windows``: the
-    model's distinct sliding windows (None for global layers)."""
+    model's distinct sliding windows (None for global layers); ``compiled``: see ``flex_kernel``."""
 
     def __init__(self, store, *, batch: int, max_blocks: int, scratch: int, windows: set[int | None],
-                 device: torch.device) -> None:
+                 device: torch.device, compiled: bool | None = None) -> None:
         self.store, self.batch, self.max_blocks, self.scratch = store, batch, max_blocks, scratch
         self.device = torch.device(device)
         self.block_size = store.block_size
@@ -132,8 +139,9 @@ class PagedDecode:
         self.arange = torch.arange(max_blocks, device=self.device)
         self.inverse = torch.full((batch, n_store_blocks), _FAR, dtype=torch.long, device=self.device)
         self.write_at = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.query_pos = torch.zeros(batch, dtype=torch.long, device=self.device)  # positions, not a view
         self.masks = {w: _Mask(self, w) for w in windows}
-        self.kernel = flex_kernel(self.device.type)
+        self.kernel = flex_kernel(self.device.type, compiled)
         self.n_rows = 0
 
     def load(self, tokens: list[int], positions: list[int], tables: list[list[int]]) -> None:
@@ -163,6 +171,7 @@ class PagedDecode:
         part of the captured graph)."""
         bs, table, pos = self.block_size, self.table, self.positions
         self.write_at.copy_(table.gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs)
+        self.query_pos.copy_(pos)
         self.inverse.fill_(_FAR)
         # a row's logical index of each physical block; padding entries (the scratch block, past
         # the row's length) keep the smallest index, which for a real row lies past its position
