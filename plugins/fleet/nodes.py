@@ -13,6 +13,7 @@ The node list itself comes from ``--node`` / ``nodes = [...]`` and from a ``--di
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -108,10 +109,8 @@ class NodeMonitor:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self._session is not None:
             await self._session.close()
 
