@@ -28,6 +28,19 @@ def test_the_gpu_check_runs_on_the_cpu_and_prints_every_row(capsys):
     assert "copy bandwidth" in out
 
 
+def test_a_decode_mode_that_fails_costs_its_rows_not_the_check(capsys, monkeypatch):
+    def broken(self):
+        raise RuntimeError("no kernel for you")
+
+    monkeypatch.setattr(check.DecodeGraphs, "warm_up", broken)
+    assert check.main(["--tiny", "--device", "cpu", "--dtype", "fp32", "--lanes", "1", "--prompt", "16",
+                       "--reply", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "decode flex FAILED: RuntimeError: no kernel for you" in out
+    table = out[out.rindex("| shape |"):]
+    assert "| basert |" in table and "--attention flex" not in table
+
+
 def test_the_roofline_counts_weights_and_context():
     import torch
 
