@@ -142,6 +142,34 @@ def test_logits_match_transformers(saved, case, feed):
     assert diff < TOL, f"{case} fed {feed}: max |Δlogit| {diff:.2e}"
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_flex_decode_steps_match_transformers(saved, case):
+    """Every architecture's decode steps through the fixed-size flex decoder (the CUDA path, its
+    FlexAttention unfused here) on 4-token pages, against transformers: Gemma's windows (4, 5)
+    end and start inside pages. Prefill 4 tokens, then one token a step."""
+    from superfluid.plugins.basert.decode_graph import DecodeGraphs
+    from superfluid.plugins.basert.kv_pool import PagedKV
+
+    hf, folder = saved(case)
+    model = basert.load(str(folder), name=case, device=torch.device("cpu"), dtype=torch.float32)
+    s = model.shape
+    pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=8, block_size=4,
+                   dtype=torch.float32, device=torch.device("cpu"), scratch=True)
+    decoder = DecodeGraphs(model, pool, max_lanes=2, max_context=32, graphs=False)
+    tokens = _prompt(1)
+    got = []
+    with torch.inference_mode():
+        assert pool.reserve([(0, 0, 4)])
+        got.append(model.logits(model(tokens[:4], torch.arange(4), pool.begin_step([(0, 0, 4)]))))
+        for p in range(4, PROMPT_LEN):
+            row = [(0, p, 1)]
+            assert pool.reserve(row)
+            got.append(model.logits(decoder.hidden([int(tokens[p])], [p], pool.step_tables(row))))
+            pool.step_done(row)
+    diff = (torch.cat(got) - _reference(hf, tokens)).abs().max().item()
+    assert diff < TOL, f"{case}: max |Δlogit| {diff:.2e}"
+
+
 @pytest.mark.parametrize("case", ["llama", "gemma3"])
 def test_flat_batch_of_two_sequences(saved, case):
     """Two sequences in one step (a prefill beside a decode): each as if it ran alone."""
