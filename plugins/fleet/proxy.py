@@ -63,6 +63,8 @@ class FleetApp:
         r.add_post("/v1/chat/completions", self.openai)
         r.add_post("/v1/completions", self.openai)
         r.add_post("/v1/embeddings", self.embeddings)
+        r.add_post("/tokenize", self.any_node)
+        r.add_post("/detokenize", self.any_node)
         self.session_routes.add_to(app)
         self.dashboard_routes.add_to(app)
         r.add_route("*", "/{tail:.*}", self.to_smg)  # what SMG answers (its 404 for unknown routes)
@@ -168,6 +170,19 @@ class FleetApp:
         if request.headers.get(QOS_HEADER) is None and body_class(raw) is None and parses(raw):
             return await self._via_smg(request, raw)
         return await self._direct(request, raw, body_model(raw))
+
+    async def any_node(self, request: web.Request) -> web.StreamResponse:
+        """What every node serving the model answers alike (/tokenize, /detokenize; SMG has no
+        such routes): straight to the least busy one. A model no node serves goes to any node,
+        which answers its own 404, as a bad body gets its own 400."""
+        raw = await request.read()
+        model = body_model(raw)
+        down = self._all_down(model)
+        if down is not None:
+            return down
+        if model is not None and model not in self.monitor.models():
+            model = None
+        return await self._direct(request, raw, model)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -186,6 +186,21 @@ def test_models_unknown_model_and_bad_input(fleet):
     assert status == 400 and body["error"]["code"] == "unknown_parameter" and body["error"]["param"] == "bogus_field"
 
 
+def test_tokenize_and_detokenize_through_the_head(fleet):
+    head, nodes, _ = fleet
+    body = {"model": MODEL, "content": "The sky is blue."}
+    status, _, direct = call(nodes[0].base, "POST", "/tokenize", body)
+    assert status == 200 and direct["tokens"]
+    status, _, via = call(head.base, "POST", "/tokenize", body)
+    assert status == 200 and via == direct
+    status, _, text = call(head.base, "POST", "/detokenize", {"model": MODEL, "tokens": direct["tokens"]})
+    assert status == 200 and "The sky is blue." in text["content"]
+    status, _, err = call(head.base, "POST", "/tokenize", {"model": "no-such-model", "content": "x"})
+    assert status == 404 and err["error"]["code"] == "model_not_found"  # a node's own answer
+    status, _, err = call(head.base, "POST", "/tokenize", b'{"content": ')
+    assert status == 400 and err["error"]["code"] == "invalid_json"
+
+
 def test_qos_class_reaches_the_node_from_header_and_body(fleet):
     head, nodes, _ = fleet
     before = {q: sum(ttft_count(n, q) for n in nodes) for q in ("background", "completion")}
