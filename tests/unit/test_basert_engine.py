@@ -217,7 +217,7 @@ def test_flex_attention_on_the_cpu_decodes_as_the_gather_path_does(llama_dir):
 
 
 def test_auto_picks_flex_and_graphs_on_cuda_with_16_bit_kv_only():
-    from superfluid.plugins.basert.engine import resolve_decode
+    from superfluid.plugins.basert.device import resolve_decode
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_decode("auto", "auto", cuda, 0, "m") == ("flex", True)

@@ -20,7 +20,8 @@ computed something else would show there.
     python tools/gpu/check.py                       # on a GPU machine: both shapes, under 8 minutes
     python tools/gpu/check.py --tiny --device cpu   # the same code on a tiny shape, in seconds
 
-It needs only torch and superfluid (no llama-cpp-python, no model file)."""
+It needs only torch and superfluid's core (numpy, pluggy, attrs, psutil; no llama-cpp-python, no
+model file); ``tools/gpu/run.sh`` runs it from a checkout that is not installed."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from superfluid.core.request import SamplingParams
 from superfluid.core.tick import LanePlan, TickPlan
 from superfluid.plugins.basert.decode_graph import DecodeGraphs
 from superfluid.plugins.basert.dense_attention import DenseAttention
-from superfluid.plugins.basert.engine import resolve_decode
+from superfluid.plugins.basert.device import resolve_decode
 from superfluid.plugins.basert.kv_pool import PagedKV
 from superfluid.plugins.basert.model import random_model
 from superfluid.plugins.basert.runner import TickRunner
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 pool, decoder = pools.get(0, mode)
-                diff, agree, n = decode_agreement(model, device, pool, decoder)
+                diff, agree, n = decode_agreement(model, device, pool, decoder, prompt=min(64, context - 1))
             except Exception as exc:  # a kernel that fails to compile or capture costs its rows, not the check
                 print(f"# {shape_name}: decode {mode} FAILED: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
                 todo = [v for v in todo if v[1] != mode]
