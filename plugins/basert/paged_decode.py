@@ -97,9 +97,13 @@ class _Mask:
             kpos = inv[b, kv_idx // bs] * bs + kv_idx % bs
             return (kpos <= pos[b]) & (kpos >= first[b])
 
-        self.block_mask = BlockMask.from_kv_blocks(
-            self.kv_num, self.kv_idx, self.full_num, self.full_idx, BLOCK_SIZE=(Q_TILE, bs),
-            mask_mod=visible, seq_lengths=(1, owner.n_cells), compute_q_blocks=False)
+        args = dict(BLOCK_SIZE=(Q_TILE, bs), mask_mod=visible, seq_lengths=(1, owner.n_cells))
+        try:  # no transposed (backward) lists: inference only
+            self.block_mask = BlockMask.from_kv_blocks(self.kv_num, self.kv_idx, self.full_num, self.full_idx,
+                                                       compute_q_blocks=False, **args)
+        except TypeError:  # a torch without compute_q_blocks builds them: unused, and harmless
+            self.block_mask = BlockMask.from_kv_blocks(self.kv_num, self.kv_idx, self.full_num, self.full_idx,
+                                                       **args)
 
     def prepare(self, owner: "PagedDecode") -> None:
         bs, table, pos = owner.block_size, owner.table, owner.positions
