@@ -15,7 +15,11 @@ from .paged_attention import WritePlan
 
 class DenseBlocks:
     """The pool's storage in the compute dtype: ``data [n_layers, 2 (K, V), n_blocks,
-    block_size, n_kv_heads, head_dim]``. Rows are written in place; reads index the blocks."""
+    block_size, n_kv_heads, head_dim]``. Rows are written in place, in their own basis; reads
+    index the blocks."""
+
+    basis = "identity"
+    rotation = None
 
     def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, n_blocks: int,
                  block_size: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -104,7 +104,7 @@ class PagedKV:
         """The geometry a parked copy must match to come back into this pool."""
         return {"n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads,
                 "head_dim": self.head_dim, "block_size": self.block_size, "bits": self.bits,
-                "dtype": str(self.dtype).removeprefix("torch.")}
+                "dtype": str(self.dtype).removeprefix("torch."), "basis": self.store.basis}
 
     def length(self, slot: int) -> int:
         s = self._slots.get(slot)
@@ -393,7 +393,7 @@ class PagedKV:
                 raise ValueError("bad length or tokens")
             if tokens.dim() != 1 or tokens.numel() > length:
                 raise ValueError("more tokens than positions")
-            keys = {"n_layers", "n_kv_heads", "head_dim", "block_size", "bits", "dtype"}
+            keys = {"n_layers", "n_kv_heads", "head_dim", "block_size", "bits", "dtype", "basis"}
             if not isinstance(meta, dict) or set(meta) != keys:
                 raise ValueError("bad meta")
             parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,

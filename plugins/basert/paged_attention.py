@@ -15,7 +15,9 @@ the same code runs on CPU, CUDA and MPS; a softcap (Gemma 2 style ``tanh(x / c) 
 logits) needs the logits themselves, so it takes a manual softmax path instead.
 
 The store behind the blocks is duck-typed (``kv_blocks.DenseBlocks`` or
-``kv_quant.QuantBlocks``): ``write(layer, kv, plan, x)`` and ``read(layer, kv, block_ids)``.
+``kv_quant.QuantBlocks``): ``write(layer, kv, plan, x)`` and ``read(layer, kv, block_ids)``, and
+``rotation``: None, or the orthogonal matrix the stored rows were multiplied by, which the
+queries are multiplied by too and the output multiplied back from (``kv_quant`` says why).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class BlockStore(Protocol):
     """What the step needs from the pool's storage."""
 
     block_size: int
+    rotation: Tensor | None
 
     def write(self, layer: int, kv: int, plan: WritePlan, x: Tensor) -> None: ...
 
@@ -225,6 +228,9 @@ class StepView:
         if self.n_tokens:
             store.write(layer, 0, self.plan, k)
             store.write(layer, 1, self.plan, v)
+        rot = store.rotation
+        if rot is not None:  # attend in the stored rows' basis, then come back
+            q = (q.float() @ rot).to(q.dtype)
         out = torch.empty_like(q)
         for call in self._plan(window):
             keys = store.read(layer, 0, call.blocks)          # [R, nb, bs, Hk, D]
@@ -245,6 +251,8 @@ class StepView:
         if layer == self.n_layers - 1 and not self._done:
             self._done = True
             self._on_done()
+        if rot is not None:
+            out = (out.float() @ rot.T).to(out.dtype)
         return out
 
 

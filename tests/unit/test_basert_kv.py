@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from superfluid.plugins.basert.kv_pool import PagedKV, ParkedKV
+from superfluid.plugins.basert.kv_quant import rotation
 
 torch.set_num_threads(1)
 
@@ -422,10 +423,51 @@ def test_block_written_row_by_row_stays_within_its_scale(bits):
                 view.attend(layer, torch.randn(1, HQ, D, generator=gen), x[i:i + 1],
                             x[i:i + 1], window=None, scale=SCALE, softcap=None)
         block = torch.tensor(pool.block_table(0))
-        got = pool.store.read(L - 1, 1, block)[0]
+        got = pool.store.read(L - 1, 1, block)[0]                 # rows in the stored basis
+        x = x @ pool.store.rotation
         step = pool.store.scales[L - 1, 1, block[0]]
         assert torch.allclose(step, x.abs().amax(dim=(0, 2)) / (127 if bits == 8 else 7))
         assert ((got - x).abs() / step[None, :, None]).max() <= 1.5
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_rotation_is_orthogonal_and_fixed(head_dim):
+    """Parked files are read back by later runs: the basis must not change between them."""
+    r = rotation(head_dim)
+    assert torch.allclose(r @ r.T, torch.eye(head_dim), atol=1e-5)
+    assert torch.equal(r, rotation(head_dim))
+    assert r.abs().amax() < 0.5  # every channel spread over the others, none kept alone
+
+
+def _outlier_attention_error(bits, rotated):
+    """Mean |attention(bits) - attention(fp32)| for a real head width (64) whose keys have one
+    channel 10x the others and one offset channel, as real models' keys do."""
+    gen = torch.Generator().manual_seed(5)
+    dims = dict(n_layers=1, n_kv_heads=2, head_dim=64, n_blocks=16, block_size=16,
+                dtype=torch.float32, device=torch.device("cpu"))
+    pool, exact = PagedKV(**dims, bits=bits), PagedKV(**dims)
+    if not rotated:
+        pool.store.rotation = torch.eye(64)
+    k = torch.randn(64, 2, 64, generator=gen)
+    k[..., 3] *= 10
+    k[..., 7] += 5
+    v = torch.randn(64, 2, 64, generator=gen)
+    q = torch.randn(64, 4, 64, generator=gen)
+    rows = [(0, 0, 64)]
+    outs = []
+    for p in (pool, exact):
+        assert p.reserve(rows)
+        outs.append(p.begin_step(rows).attend(0, q, k, v, window=None, scale=64 ** -0.5, softcap=None))
+    return (outs[0] - outs[1]).abs().mean().item()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_rotation_cuts_the_error_an_outlier_channel_causes(bits):
+    """One absmax scale per block and head: an outlier K channel leaves the others a few levels,
+    unless the rows are rotated first (kv_quant's docstring)."""
+    plain, rotated = _outlier_attention_error(bits, False), _outlier_attention_error(bits, True)
+    print(f"\n{bits}-bit attention error with an outlier K channel: {plain:.4f} plain, {rotated:.4f} rotated")
+    assert rotated < plain / 2
 
 
 @pytest.mark.parametrize("bits", [0, 8, 4])
