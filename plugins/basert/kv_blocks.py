@@ -1,16 +1,20 @@
 """How a paged pool's blocks are stored and carried: full-width blocks (``DenseBlocks``; the
 quantized ones are ``kv_quant.QuantBlocks``), the shapes a pool's geometry implies, and a slot's
-parked copy (``ParkedKV``), checked against those shapes when it comes back from a file."""
+parked copy (``ParkedKV``) and its file (``save_parked``/``load_parked``), checked against those
+shapes when it comes back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
 
 from .kv_quant import QuantBlocks
 from .paged_attention import WritePlan
+
+PARK_FORMAT = "basert-parked-kv/1"
 
 
 class DenseBlocks:
@@ -92,3 +96,41 @@ def tensors_match(parked: ParkedKV, n_blocks: int) -> bool:
     return set(got) == set(want) and all(
         isinstance(got[k], Tensor) and tuple(got[k].shape) == shape and got[k].dtype == dt
         for k, (shape, dt) in want.items())
+
+
+def save_parked(parked: ParkedKV, f: BinaryIO) -> None:
+    """Write a park artifact: plain tensors, ints and strings (``torch.load`` with
+    ``weights_only`` can read it back without running code)."""
+    torch.save({"format": PARK_FORMAT, "length": parked.length,
+                "tokens": torch.tensor(parked.tokens, dtype=torch.long),
+                "meta": dict(parked.meta), "tensors": dict(parked.tensors)}, f)
+
+
+def load_parked(f: BinaryIO) -> ParkedKV:
+    """Read a park artifact; anything that is not one, or is inconsistent, is a
+    ValueError."""
+    try:
+        obj = torch.load(f, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # a torn or foreign file fails in many ways inside unpickling
+        raise ValueError(f"not a parked KV file: {e}") from e
+    try:
+        if not isinstance(obj, dict) or obj.get("format") != PARK_FORMAT:
+            raise ValueError("missing format tag")
+        length, tokens, meta, tensors = (obj["length"], obj["tokens"], obj["meta"],
+                                         obj["tensors"])
+        if not isinstance(length, int) or length < 0 or not isinstance(tokens, Tensor):
+            raise ValueError("bad length or tokens")
+        if tokens.dim() != 1 or tokens.numel() > length:
+            raise ValueError("more tokens than positions")
+        keys = {"n_layers", "n_kv_heads", "head_dim", "block_size", "bits", "dtype", "basis"}
+        if not isinstance(meta, dict) or set(meta) != keys:
+            raise ValueError("bad meta")
+        parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,
+                          tensors=dict(tensors))
+        if not tensors_match(parked, -(-length // meta["block_size"])):
+            raise ValueError("tensor shapes do not match the meta")
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"malformed parked KV file: {e}") from e
+    return parked

@@ -23,16 +23,14 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 import torch
 from torch import Tensor
 
-from .kv_blocks import DenseBlocks, ParkedKV, tensors_match
+from .kv_blocks import DenseBlocks, ParkedKV, load_parked, save_parked, tensors_match
 from .kv_quant import QuantBlocks
 from .paged_attention import StepView
 
-PARK_FORMAT = "basert-parked-kv/1"
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -366,40 +364,6 @@ class PagedKV:
         self._hash_blocks(s)
         return True
 
-    @staticmethod
-    def save(parked: ParkedKV, f: BinaryIO) -> None:
-        """Write a park artifact: plain tensors, ints and strings (``torch.load`` with
-        ``weights_only`` can read it back without running code)."""
-        torch.save({"format": PARK_FORMAT, "length": parked.length,
-                    "tokens": torch.tensor(parked.tokens, dtype=torch.long),
-                    "meta": dict(parked.meta), "tensors": dict(parked.tensors)}, f)
-
-    @staticmethod
-    def load(f: BinaryIO) -> ParkedKV:
-        """Read a park artifact; anything that is not one, or is inconsistent, is a
-        ValueError."""
-        try:
-            obj = torch.load(f, map_location="cpu", weights_only=True)
-        except OSError:
-            raise
-        except Exception as e:  # a torn or foreign file fails in many ways inside unpickling
-            raise ValueError(f"not a parked KV file: {e}") from e
-        try:
-            if not isinstance(obj, dict) or obj.get("format") != PARK_FORMAT:
-                raise ValueError("missing format tag")
-            length, tokens, meta, tensors = (obj["length"], obj["tokens"], obj["meta"],
-                                             obj["tensors"])
-            if not isinstance(length, int) or length < 0 or not isinstance(tokens, Tensor):
-                raise ValueError("bad length or tokens")
-            if tokens.dim() != 1 or tokens.numel() > length:
-                raise ValueError("more tokens than positions")
-            keys = {"n_layers", "n_kv_heads", "head_dim", "block_size", "bits", "dtype", "basis"}
-            if not isinstance(meta, dict) or set(meta) != keys:
-                raise ValueError("bad meta")
-            parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,
-                              tensors=dict(tensors))
-            if not tensors_match(parked, _ceil_div(length, meta["block_size"])):
-                raise ValueError("tensor shapes do not match the meta")
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"malformed parked KV file: {e}") from e
-        return parked
+    # the park file format lives beside ParkedKV (kv_blocks): a pool reads and writes it
+    save = staticmethod(save_parked)
+    load = staticmethod(load_parked)
