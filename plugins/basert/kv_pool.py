@@ -25,7 +25,6 @@ from array import array
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
 from .kv_blocks import DenseBlocks, ParkedKV, load_parked, save_parked, tensors_match
 from .kv_quant import QuantBlocks
