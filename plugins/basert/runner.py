@@ -29,7 +29,7 @@ from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_on
 from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
 from .sampler import LaneSampler, sample_rows
-from .speculate import Gate, propose, verify_greedy
+from .speculate import Gate, propose, verify
 
 PREFILL_STEP = 512  # prompt tokens per step at most (the plan's step_tokens may cut it further)
 
@@ -162,12 +162,12 @@ class TickRunner(tick_runner.TickRunner):
         return bool(sampler and sampler.sees_feed)
 
     def _draft(self, w: Work, n_decoding: int) -> list[int]:
-        """Prompt-lookup drafts for a greedy lane that decodes (none for the others: sampled text
-        would need rejection sampling to stay what it would have been, and is left out)."""
+        """Prompt-lookup drafts for a lane that decodes and whose sampling reads nothing but its
+        own row (no bias, logprobs, constraint or penalties: :mod:`.speculate` says why)."""
         if self.gate is None or not w.decoding or not w.sample or w.embed or w.targets:
             return []
         sampler = self.samplers.get(w.slot)
-        if sampler is None or not (sampler.greedy and sampler.plain) or sampler.sees_feed:
+        if sampler is None or not sampler.plain or sampler.sees_feed:
             return []
         left = w.max_new - len(w.result.tokens) - 1  # the step always adds the model's own next token
         k = min(self.gate.draft_len(w.slot, n_decoding), left)
@@ -211,28 +211,12 @@ class TickRunner(tick_runner.TickRunner):
         pooled = {i: hidden[r.offset:r.offset + r.count].float().sum(dim=0)
                   for i, r in enumerate(rows) if r.work.embed}
 
-        # rows that verify drafts: their greedy tokens, one transfer for all of them
-        verify = [i for i, r in enumerate(rows) if r.draft]
-        greedy = {}
-        if verify:
-            argmax = torch.cat([row_logits[i].argmax(dim=-1) for i in verify]).tolist()
-            at = 0
-            for i in verify:
-                n = rows[i].width
-                greedy[i] = argmax[at:at + n]
-                at += n
-        to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft]  # (an embedding lane samples nothing)
-        drawn = {}
-        if to_sample:
-            picks = sample_rows(torch.cat([row_logits[i][-1:] for i in to_sample]),
-                                [self.samplers.get(rows[i].work.slot) for i in to_sample])
-            drawn = dict(zip(to_sample, picks))
-
+        picks, drawn = self._sample(rows, row_logits)
         decode_tokens = prefill_tokens = drafted = accepted = 0
         for i, r in enumerate(rows):
             w = r.work
             if r.draft:
-                emitted = verify_greedy(r.draft, greedy[i])
+                emitted = verify(r.draft, picks[i])
                 n_acc = len(emitted) - 1
                 drafted += len(r.draft)
                 accepted += n_acc
@@ -271,6 +255,38 @@ class TickRunner(tick_runner.TickRunner):
                                        seconds=time.perf_counter() - t0, drafted=drafted, accepted=accepted))
         return True
 
+    def _sample(self, rows: list[_Row], row_logits: dict[int, torch.Tensor]
+                ) -> tuple[dict[int, list[int]], dict[int, tuple]]:
+        """Every row's picks in one transfer: for a row that verifies a draft, the token its lane's
+        sampling picks after each position (a greedy lane's argmax; a sampled lane's draw with the
+        uniform that token would get, :meth:`.sampler.LaneSampler.peek`); for a row that samples,
+        its token and logprob entry."""
+        verify_rows = [i for i, r in enumerate(rows) if r.draft]
+        greedy = [i for i in verify_rows if self.samplers[rows[i].work.slot].greedy]
+        picks: dict[int, list[int]] = {}
+        if greedy:
+            argmax = torch.cat([row_logits[i].argmax(dim=-1) for i in greedy]).tolist()
+            at = 0
+            for i in greedy:
+                picks[i] = argmax[at:at + rows[i].width]
+                at += rows[i].width
+        to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft]  # (an embedding lane samples nothing)
+        drawn_verify = [i for i in verify_rows if i not in picks]
+        if not to_sample and not drawn_verify:
+            return picks, {}
+        parts = [row_logits[i][-1:] for i in to_sample] + [row_logits[i] for i in drawn_verify]
+        samplers = [self.samplers.get(rows[i].work.slot) for i in to_sample]
+        for i in drawn_verify:
+            lane = self.samplers[rows[i].work.slot]
+            samplers += [lane.drawing(u) for u in lane.peek(rows[i].width)]
+        got = sample_rows(torch.cat(parts), samplers)
+        drawn = dict(zip(to_sample, got))
+        at = len(to_sample)
+        for i in drawn_verify:
+            picks[i] = [token for token, _ in got[at:at + rows[i].width]]
+            at += rows[i].width
+        return picks, drawn
+
     def _forward(self, rows: list[_Row], spans, flat: list[int], positions: list[int]) -> torch.Tensor:
         """The step's final hidden states: a decode-only step (one token per row) that fits the
         decoder's buckets goes through it; any other through the gather path's ``StepView``."""
@@ -301,6 +317,8 @@ class TickRunner(tick_runner.TickRunner):
                 break
             if taken < len(emitted):
                 w.feed = []
+        if sampler:
+            sampler.advance(taken)  # a sampled lane's draws: one per token it took (peek left them)
         kept = taken  # the last token plus the taken tokens but the final one, all in the KV
         self.pool.truncate(w.slot, start + kept)
         self.pool.note_tokens(w.slot, start, [last] + emitted[:kept - 1])

@@ -33,6 +33,7 @@ Measured on SmolLM2's real rows (49k tokens, one CPU thread): 0.8-1.5 ms a token
 from __future__ import annotations
 
 import collections
+import copy
 from typing import Sequence
 
 import numpy as np
@@ -82,6 +83,18 @@ class _Window:
             self._table = (np.fromiter(self.counts.keys(), dtype=np.int64, count=n),
                            np.fromiter(self.counts.values(), dtype=np.float32, count=n))
         return self._table
+
+
+class _FixedDraw:
+    """A generator that yields one known draw: :meth:`LaneSampler.drawing`'s."""
+
+    __slots__ = ("u",)
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
 
 
 class LaneSampler:
@@ -137,6 +150,21 @@ class LaneSampler:
     def uniform(self) -> float:
         """This token's one draw."""
         return float(self.rng.random())
+
+    def peek(self, n: int) -> list[float]:
+        """The next ``n`` draws, left in the generator: a verify step samples its row after each
+        drafted token with the draw that token would get without speculation, then takes only as
+        many as it keeps (:meth:`advance`), so a seeded lane's text is the same either way."""
+        twin = np.random.Generator(type(self.rng.bit_generator)())
+        twin.bit_generator.state = self.rng.bit_generator.state
+        return twin.random(n).tolist()
+
+    def drawing(self, u: float) -> LaneSampler:
+        """This lane's sampler for one row that draws ``u`` (see :meth:`peek`); the lane's own
+        generator does not move."""
+        twin = copy.copy(self)
+        twin.rng = _FixedDraw(u)
+        return twin
 
     def advance(self, drawn: int) -> None:
         """Skip the uniforms of ``drawn`` tokens sampled before (one each): a seeded lane that

@@ -1,21 +1,26 @@
-"""Prompt-lookup speculation for greedy lanes: drafts taken from the lane's own history, checked
-in the same forward pass as the step, and a gate that turns it off when it does not pay.
+"""Prompt-lookup speculation: drafts taken from the lane's own history, checked in the same
+forward pass as the step, and a gate that turns it off when it does not pay.
 
 A lane that repeats itself (code edits, quoting, structured output, summaries that copy their
 source) often continues an n-gram it has seen before; :func:`propose` drafts the tokens that
-followed its last occurrence, the runner feeds ``[last_token] + draft`` in one pass, and
-:func:`verify_greedy` keeps the draft's prefix the model agrees with plus the model's own next
-token. Every position's argmax is what greedy decoding would have produced there, so a greedy
-lane's output is the same with and without speculation, token for token; a step just emits more
-than one when the draft was right.
+followed its last occurrence, the runner feeds ``[last_token] + draft`` in one pass, and samples
+the row after every position as that token would have been sampled without speculation: the
+argmax for a greedy lane; for a sampled lane, the lane's own draw with the uniform that token
+would get (:meth:`.sampler.LaneSampler.peek`). :func:`verify` keeps the draft's prefix that
+agrees with those picks, plus the pick after it. Each pick before the first disagreement was
+made from exactly the history the lane would have had, so the lane's output is the same with and
+without speculation, token for token (seeded lanes included), up to float rounding of the
+batched rows; a step just emits more than one token when the draft was right. For a sampled lane
+this is speculative sampling with a draft that is one token for sure: a drafted token is kept
+with its own probability, and on a miss the draw is already a sample of the model's
+distribution, so unseeded text keeps its distribution too.
 
-Only greedy lanes with plain sampling speculate (the runner decides). A sampled lane would need
-rejection sampling (accept a drafted token with probability p/q, resample from the residual) to
-keep its distribution, and a seeded lane would no longer give the tokens it gives without
-speculation; that is left out. The win is at low concurrency, where a step is bound by reading
-the weights and the extra positions are nearly free; under load the batch already fills the
-device and wasted draft positions cost real compute, so :class:`Gate` turns it off there, and
-for lanes whose drafts keep being rejected."""
+Lanes whose rows something else reads (logit bias, logprobs, a constraint) or whose sampling
+depends on the tokens before it within the step (penalties) do not speculate (the runner
+decides). The win is at low concurrency, where a step is bound by reading the weights and the
+extra positions are nearly free; under load the batch already fills the device and wasted draft
+positions cost real compute, so :class:`Gate` turns it off there, and for lanes whose drafts
+keep being rejected (a sampled lane at a high temperature keeps fewer)."""
 
 from __future__ import annotations
 
@@ -57,19 +62,19 @@ def propose(history: Sequence[int], k: int, *, ngram_max: int = 3, ngram_min: in
     return [int(t) for t in seq[best + 1:best + 1 + k]]
 
 
-def verify_greedy(draft: list[int], greedy_tokens: list[int]) -> list[int]:
-    """The tokens a greedy lane emits after a verify pass: ``greedy_tokens[i]`` is the argmax of
-    the model's row after feed position ``i`` of ``[last_token] + draft`` (so it has one more
-    entry than ``draft``). The draft's prefix the model agrees with, then the model's own next
-    token: at least one token, exactly what greedy decoding without speculation gives."""
-    if len(greedy_tokens) != len(draft) + 1:
-        raise ValueError(f"{len(greedy_tokens)} greedy tokens for a draft of {len(draft)}: expected one more")
+def verify(draft: list[int], picks: list[int]) -> list[int]:
+    """The tokens a lane emits after a verify pass: ``picks[i]`` is the token the lane's sampling
+    picked from the model's row after feed position ``i`` of ``[last_token] + draft`` (so it has
+    one more entry than ``draft``). The draft's prefix the picks agree with, then the pick after
+    it: at least one token, exactly what decoding without speculation gives."""
+    if len(picks) != len(draft) + 1:
+        raise ValueError(f"{len(picks)} picks for a draft of {len(draft)}: expected one more")
     accepted = 0
-    for proposed, actual in zip(draft, greedy_tokens):
+    for proposed, actual in zip(draft, picks):
         if int(proposed) != int(actual):
             break
         accepted += 1
-    return [int(t) for t in greedy_tokens[:accepted + 1]]
+    return [int(t) for t in picks[:accepted + 1]]
 
 
 class _LaneGate:

@@ -188,6 +188,20 @@ def test_speculation_gives_the_greedy_tokens_and_accepts_drafts(tiny):
     assert r.gate.drafted > 0
 
 
+@pytest.mark.parametrize("grant", [4, 24])
+def test_seeded_sampled_lanes_speculate_and_keep_their_text(tiny, grant):
+    """Sampled lanes verify drafts by drawing each row with the uniform its token would get: two
+    seeded lanes give the tokens they give without speculation, across ticks (grant 4) too."""
+    lanes = {0: [11, 12, 13, 14, 15] * 6, 1: PROMPTS[2]}
+    # the tiny random model's logits lie close together: at 0.01 it still samples, and keeps drafts
+    sampled = SamplingParams(temperature=0.01, top_p=0.95, seed=3)
+    plain = generate(runner(tiny), lanes, 24, grant=grant, sampling=sampled)
+    r = runner(tiny, speculate=4)
+    assert generate(r, lanes, 24, grant=grant, sampling=sampled) == plain
+    assert r.gate.drafted > 0 and r.gate.accepted > 0
+    assert plain != generate(runner(tiny), lanes, 24, grant=grant, sampling=GREEDY)  # it did sample
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_narrow_kv_runs_and_stays_close(tiny, bits):
     full = generate(runner(tiny), {0: PROMPTS[0]}, 8)[0]

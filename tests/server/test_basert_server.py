@@ -27,6 +27,7 @@ AGENT_TOKENS = 64
 # a prompt that repeats itself, so prompt lookup has drafts to offer
 REPEATING = ("<|im_start|>user\nCopy this list exactly, twice: apples, pears, plums, figs, dates, limes, "
              "kiwis, grapes, melons, cherries.<|im_end|>\n<|im_start|>assistant\n")
+SEEDED = {"temperature": 0.7, "top_p": 0.95, "seed": 11}  # a sampled request that repeats its text
 
 
 def metric(server, name):
@@ -44,7 +45,9 @@ def basert(start_server):
 
 @pytest.fixture(scope="module")
 def references(basert):
-    return {p: complete(basert.base, p, AGENT_TOKENS) for p in AGENT_PROMPTS + [REPEATING]}
+    refs = {p: complete(basert.base, p, AGENT_TOKENS) for p in AGENT_PROMPTS + [REPEATING]}
+    refs["seeded"] = complete(basert.base, REPEATING, AGENT_TOKENS, extra=SEEDED)
+    return refs
 
 
 def test_health_names_the_engine_and_its_pool(basert):
@@ -160,10 +163,14 @@ def test_structured_output_and_a_forced_tool_call(basert):
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
 
 
-def test_speculation_keeps_greedy_text_and_reports_acceptance(start_server, references):
+def test_speculation_keeps_greedy_and_seeded_text_and_reports_acceptance(start_server, references):
     srv = start_server(*BASERT, "--max-batch", "4", "--speculate", "4")
     assert complete(srv.base, REPEATING, AGENT_TOKENS) == references[REPEATING]
     assert complete(srv.base, AGENT_PROMPTS[0], AGENT_TOKENS) == references[AGENT_PROMPTS[0]]
+    greedy_drafted = metric(srv, "superfluid_spec_drafted_tokens_total")
+    # a sampled lane speculates too, and its seeded text is the one it gives without speculation
+    assert complete(srv.base, REPEATING, AGENT_TOKENS, extra=SEEDED) == references["seeded"]
+    assert metric(srv, "superfluid_spec_drafted_tokens_total") > greedy_drafted
     drafted = metric(srv, "superfluid_spec_drafted_tokens_total")
     accepted = metric(srv, "superfluid_spec_accepted_tokens_total")
     assert drafted > 0 and 0 < accepted <= drafted

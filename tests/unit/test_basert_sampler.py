@@ -178,6 +178,23 @@ def test_a_resumed_seeded_lane_continues_its_sequence():
     assert [one(logits, resumed) for _ in range(4)] == straight[6:]
 
 
+def test_peeked_draws_sample_as_the_lane_would_and_leave_its_generator():
+    """A verify step's rows (speculation): each row drawn with the uniform its token would get
+    (``peek``), then ``advance`` by the tokens kept; the lane then goes on as if it had sampled
+    those tokens one by one."""
+    logits = rows(1, 3000, scale=1.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=9)
+    straight = LaneSampler(params)
+    want = [one(logits, straight) for _ in range(8)]
+    lane = LaneSampler(params)
+    us = lane.peek(5)
+    assert lane.peek(5) == us  # peeking takes nothing
+    batch = sample_rows(torch.cat([logits] * 5), [lane.drawing(u) for u in us])
+    assert [token for token, _ in batch] == want[:5]
+    lane.advance(3)  # three of them kept
+    assert [one(logits, lane) for _ in range(5)] == want[3:]
+
+
 def test_host_and_device_math_agree_and_follow_llama_cpp_chain():
     """The host's prefix shortcuts against the device's whole sorted rows, and both against a
     float64 reference, over random rows, filters and uniforms."""

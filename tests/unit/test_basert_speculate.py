@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from superfluid.plugins.basert.speculate import Gate, propose, verify_greedy
+from superfluid.plugins.basert.speculate import Gate, propose, verify
 
 
 @pytest.mark.parametrize("history, k, want", [
@@ -57,13 +57,13 @@ def test_propose_is_cheap_on_an_8k_history(capsys):
     ([4, 5, 6], [8, 5, 6, 7], [8]),  # nothing accepted: still one token
     ([], [3], [3]),
 ])
-def test_verify_greedy_emits_what_greedy_decoding_would(draft, greedy, want):
-    assert verify_greedy(draft, greedy) == want
+def test_verify_emits_what_decoding_without_a_draft_would(draft, greedy, want):
+    assert verify(draft, greedy) == want
 
 
-def test_verify_greedy_wants_one_more_token_than_the_draft():
+def test_verify_wants_one_more_pick_than_the_draft():
     with pytest.raises(ValueError):
-        verify_greedy([1, 2], [1, 2])
+        verify([1, 2], [1, 2])
 
 
 def test_the_gate_turns_off_under_load():
