@@ -127,13 +127,15 @@ def make_runner(model, *, bits: int = 0, speculate: int = 0, step_tokens: int = 
     return TickRunner(model, pool, set(), bytearray(3), device=cpu, speculate=speculate, step_tokens=step_tokens)
 
 
-def generate(runner, prompts: Sequence[Sequence[int]], n: int, grant: int) -> tuple[list[list[int]], float]:
-    """``n`` greedy tokens for every prompt, all lanes in the same ticks, as the scheduler plans
-    them: one tick prefills and samples the first token, then decode ticks of ``grant`` rounds.
-    Returns the tokens and the seconds the decode ticks took (the prefill tick is not timed)."""
+def generate(runner, prompts: Sequence[Sequence[int]], n: int, grant: int,
+             sampling: SamplingParams = GREEDY) -> tuple[list[list[int]], float]:
+    """``n`` tokens for every prompt (greedy unless ``sampling`` says otherwise), all lanes in
+    the same ticks, as the scheduler plans them: one tick prefills and samples the first token,
+    then decode ticks of ``grant`` rounds. Returns the tokens and the seconds the decode ticks
+    took (the prefill tick is not timed)."""
     out: list[list[int]] = [[] for _ in prompts]
     pos = [0] * len(prompts)
-    plans = [LanePlan(slot=s, pos=0, feed=list(p), sample=True, max_new=1, reset=True, sampling=GREEDY,
+    plans = [LanePlan(slot=s, pos=0, feed=list(p), sample=True, max_new=1, reset=True, sampling=sampling,
                       ignore_eos=True) for s, p in enumerate(prompts)]
     decode_s = 0.0
     first = True

@@ -1,23 +1,27 @@
 """What ``--speculate K`` (prompt-lookup drafts verified in the step's own forward pass) does on
-basert on the CPU: greedy decode speed with and without, on SmolLM2-135M-Instruct in fp32.
+basert on the CPU: decode speed with and without, greedy and sampled, on SmolLM2-135M-Instruct in
+fp32.
 
     python -m tools.bench.basert_speculation [--model PATH.gguf] [--k 4] [--tokens 128] [--rounds 3] [--json PATH]
 
-Cases, each ``--tokens`` greedy tokens a lane:
+Cases, each ``--tokens`` tokens a lane, greedy unless named "sampled":
 
 (a) one lane, a repetitive prompt (copy a list twice: the reply repeats its own tokens, which is
     what prompt lookup drafts from);
 (b) one lane, a free-form prompt (little to look up);
 (c) ``--lanes`` (8) lanes at once: more decoding lanes than the gate's ``max_lanes`` (4), so
     speculation should switch itself off (drafted ~0; a lane that finishes early can leave fewer
-    than 4 behind, which then draft) and cost nothing.
+    than 4 behind, which then draft) and cost nothing;
+(d), (e) as (a) and (b), sampled (temperature 0.7, top-p 0.95, a fixed seed): a sampled lane
+    verifies by drawing each row with the uniform its token would get, so its seeded tokens are
+    the same with and without speculation, and it keeps fewer drafts than a greedy lane.
 
 Each round runs plain then speculating, on fresh runners, so load from other processes on a
 shared machine falls on both sides alike; the table shows the medians over ``--rounds`` and the
 ratio speculate/plain of those medians, with the acceptance rate (accepted/drafted), the accepted
 drafts per verify step (each verify step also emits the model's own next token) and whether the
 greedy tokens are identical with and without speculation (they must be: the verify keeps only
-what greedy decoding gives). Only the decode ticks are timed (the prefill tick is not);
+what decoding without speculation gives, seeded sampling included). Only the decode ticks are timed (the prefill tick is not);
 tok/s counts every lane's tokens from those ticks. An untimed warm-up generation runs first, so
 first-call costs (allocator, thread pool) fall on neither side.
 """
@@ -32,7 +36,11 @@ from typing import Any
 
 import torch
 
-from .basert_kv_bits import chat, generate, load, make_runner, markdown
+from superfluid.core.request import SamplingParams
+
+from .basert_kv_bits import GREEDY, chat, generate, load, make_runner, markdown
+
+SAMPLED = SamplingParams(temperature=0.7, top_p=0.95, seed=1234)
 
 REPETITIVE = ("Copy this list twice, one item per line: apple, banana, cherry, date, elderberry, fig, "
               "grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya.")
@@ -49,17 +57,18 @@ LANE_PROMPTS = (
 )
 
 
-def one_case(model, prompts: list[list[int]], n: int, k: int, rounds: int, grant: int) -> dict[str, Any]:
+def one_case(model, prompts: list[list[int]], n: int, k: int, rounds: int, grant: int,
+             sampling: SamplingParams = GREEDY) -> dict[str, Any]:
     """``rounds`` of plain then speculating decode over ``prompts`` (all lanes in the same ticks)."""
     plain_tps, spec_tps = [], []
     drafted = accepted = verify_steps = 0
     identical = True
     decoded = len(prompts) * (n - 1)  # the first token of each lane comes from the untimed prefill tick
     for _ in range(rounds):
-        plain, secs = generate(make_runner(model), prompts, n, grant)
+        plain, secs = generate(make_runner(model), prompts, n, grant, sampling)
         plain_tps.append(decoded / secs)
         runner = make_runner(model, speculate=k)
-        spec, secs = generate(runner, prompts, n, grant)
+        spec, secs = generate(runner, prompts, n, grant, sampling)
         spec_tps.append(decoded / secs)
         identical &= spec == plain
         drafted += runner.gate.drafted
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: the default model, SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per verify step (--speculate K)")
-    ap.add_argument("--tokens", type=int, default=128, help="greedy tokens per lane")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens per lane")
     ap.add_argument("--rounds", type=int, default=3, help="plain/speculate rounds (medians reported)")
     ap.add_argument("--lanes", type=int, default=8, help="lanes in the concurrent case (c)")
     ap.add_argument("--grant", type=int, default=16, help="decode rounds per tick")
@@ -95,17 +104,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return vocab.tokenize(chat(text), True, True)
 
     lanes = [tok(LANE_PROMPTS[i % len(LANE_PROMPTS)]) for i in range(args.lanes)]
-    cases = {"(a) 1 lane, repetitive": [tok(REPETITIVE)], "(b) 1 lane, free-form": [tok(FREE_FORM)],
-             f"(c) {args.lanes} lanes": lanes}
+    cases = {"(a) 1 lane, repetitive": ([tok(REPETITIVE)], GREEDY), "(b) 1 lane, free-form": ([tok(FREE_FORM)], GREEDY),
+             f"(c) {args.lanes} lanes": (lanes, GREEDY),
+             "(d) 1 lane, repetitive, sampled": ([tok(REPETITIVE)], SAMPLED),
+             "(e) 1 lane, free-form, sampled": ([tok(FREE_FORM)], SAMPLED)}
     generate(make_runner(model, speculate=args.k), [tok(REPETITIVE)], 8, 8)  # warm-up: first-call costs
-    results = {name: one_case(model, prompts, args.tokens, args.k, args.rounds, args.grant)
-               for name, prompts in cases.items()}
+    results = {name: one_case(model, prompts, args.tokens, args.k, args.rounds, args.grant, sampling)
+               for name, (prompts, sampling) in cases.items()}
 
     print(f"## --speculate {args.k} on the CPU ({args.model or 'SmolLM2-135M-Instruct'}, fp32, {args.threads} "
-          f"threads, {args.tokens} greedy tokens a lane, median of {args.rounds} alternating rounds)\n")
+          f"threads, {args.tokens} tokens a lane, median of {args.rounds} alternating rounds)\n")
     print(markdown(
         ["case", "plain tok/s", "speculate tok/s", "ratio", "drafted", "acceptance", "accepted / verify step",
-         "greedy tokens identical"],
+         "tokens identical"],
         [[name, f"{r['plain_tok_s']:.1f}", f"{r['spec_tok_s']:.1f}", f"{r['ratio']:.2f}x", r["drafted"],
           f"{r['acceptance']:.0%}", f"{r['accepted_per_verify']:.2f}", "yes" if r["identical"] else "NO"]
          for name, r in results.items()]))
