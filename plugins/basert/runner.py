@@ -23,13 +23,15 @@ import torch
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
-from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
+from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
 
 from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
 from .sampler import LaneSampler, sample_rows
 from .speculate import Gate, propose, verify
+
+Pick = tuple[int, TokenLogprob | None]  # a sampled token and its logprob entry (None unless asked)
 
 PREFILL_STEP = 512  # prompt tokens per step at most (the plan's step_tokens may cut it further)
 
@@ -162,12 +164,13 @@ class TickRunner(tick_runner.TickRunner):
         return bool(sampler and sampler.sees_feed)
 
     def _draft(self, w: Work, n_decoding: int) -> list[int]:
-        """Prompt-lookup drafts for a lane that decodes and whose sampling reads nothing but its
-        own row (no bias, logprobs, constraint or penalties: :mod:`.speculate` says why)."""
+        """Prompt-lookup drafts for a lane that decodes and whose sampling of one position does
+        not depend on the tokens before it in the step (no penalties or constraint:
+        :mod:`.speculate` says why)."""
         if self.gate is None or not w.decoding or not w.sample or w.embed or w.targets:
             return []
         sampler = self.samplers.get(w.slot)
-        if sampler is None or not sampler.plain or sampler.sees_feed:
+        if sampler is None or sampler.sees_feed:
             return []
         left = w.max_new - len(w.result.tokens) - 1  # the step always adds the model's own next token
         k = min(self.gate.draft_len(w.slot, n_decoding), left)
@@ -216,13 +219,13 @@ class TickRunner(tick_runner.TickRunner):
         for i, r in enumerate(rows):
             w = r.work
             if r.draft:
-                emitted = verify(r.draft, picks[i])
+                emitted = verify(r.draft, [token for token, _ in picks[i]])
                 n_acc = len(emitted) - 1
                 drafted += len(r.draft)
                 accepted += n_acc
                 self.gate.record(w.slot, len(r.draft), n_acc)
                 decode_tokens += 1  # one decode round for the cost model, however many tokens it gave
-                self._emit(w, r, emitted)
+                self._emit(w, r, picks[i][:len(emitted)])
                 continue
             fed = fed_tokens[i]
             start = w.pos
@@ -256,34 +259,26 @@ class TickRunner(tick_runner.TickRunner):
         return True
 
     def _sample(self, rows: list[_Row], row_logits: dict[int, torch.Tensor]
-                ) -> tuple[dict[int, list[int]], dict[int, tuple]]:
-        """Every row's picks in one transfer: for a row that verifies a draft, the token its lane's
-        sampling picks after each position (a greedy lane's argmax; a sampled lane's draw with the
-        uniform that token would get, :meth:`.sampler.LaneSampler.peek`); for a row that samples,
-        its token and logprob entry."""
-        verify_rows = [i for i, r in enumerate(rows) if r.draft]
-        greedy = [i for i in verify_rows if self.samplers[rows[i].work.slot].greedy]
-        picks: dict[int, list[int]] = {}
-        if greedy:
-            argmax = torch.cat([row_logits[i].argmax(dim=-1) for i in greedy]).tolist()
-            at = 0
-            for i in greedy:
-                picks[i] = argmax[at:at + rows[i].width]
-                at += rows[i].width
+                ) -> tuple[dict[int, list[Pick]], dict[int, Pick]]:
+        """Every row's picks in one call (one transfer): for a row that verifies a draft, what its
+        lane's sampling picks after each position (a sampled lane draws each with the uniform
+        that token would get, :meth:`.sampler.LaneSampler.peek`); for a row that samples, its
+        one pick. A pick is a token and its logprob entry (None unless the lane asked)."""
         to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft]  # (an embedding lane samples nothing)
-        drawn_verify = [i for i in verify_rows if i not in picks]
-        if not to_sample and not drawn_verify:
-            return picks, {}
-        parts = [row_logits[i][-1:] for i in to_sample] + [row_logits[i] for i in drawn_verify]
+        verify_rows = [i for i, r in enumerate(rows) if r.draft]
+        if not to_sample and not verify_rows:
+            return {}, {}
+        parts = [row_logits[i][-1:] for i in to_sample] + [row_logits[i] for i in verify_rows]
         samplers = [self.samplers.get(rows[i].work.slot) for i in to_sample]
-        for i in drawn_verify:
+        for i in verify_rows:
             lane = self.samplers[rows[i].work.slot]
-            samplers += [lane.drawing(u) for u in lane.peek(rows[i].width)]
+            width = rows[i].width
+            samplers += [lane] * width if lane.greedy else [lane.drawing(u) for u in lane.peek(width)]
         got = sample_rows(torch.cat(parts), samplers)
         drawn = dict(zip(to_sample, got))
-        at = len(to_sample)
-        for i in drawn_verify:
-            picks[i] = [token for token, _ in got[at:at + rows[i].width]]
+        picks, at = {}, len(to_sample)
+        for i in verify_rows:
+            picks[i] = got[at:at + rows[i].width]
             at += rows[i].width
         return picks, drawn
 
@@ -299,20 +294,20 @@ class TickRunner(tick_runner.TickRunner):
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         return self.model(tokens_t, pos_t, self.pool.begin_step(spans))
 
-    def _emit(self, w: Work, r: _Row, emitted: list[int]) -> None:
-        """A verified row: the lane takes the emitted tokens (the accepted drafts, then the model's
-        own next token) until it ends; its KV keeps its last token and the drafts it went past,
-        the rejected rest is cut."""
+    def _emit(self, w: Work, r: _Row, emitted: list[Pick]) -> None:
+        """A verified row: the lane takes the emitted tokens (the accepted drafts, then the pick
+        after them) with their logprob entries until it ends; its KV keeps its last token and the
+        drafts it went past, the rejected rest is cut."""
         start = w.pos
         last = w.feed[0]
         w.feed = []
         sampler = self.samplers.get(w.slot)
         taken = 0
-        for token in emitted:
+        for token, logprob in emitted:
             taken += 1
             if sampler:
                 sampler.accept([token])
-            w.sampled(token, token in self.eog, None)
+            w.sampled(token, token in self.eog, logprob)
             if not w.feed:  # it ended (end of generation or its grant)
                 break
             if taken < len(emitted):
@@ -321,6 +316,6 @@ class TickRunner(tick_runner.TickRunner):
             sampler.advance(taken)  # a sampled lane's draws: one per token it took (peek left them)
         kept = taken  # the last token plus the taken tokens but the final one, all in the KV
         self.pool.truncate(w.slot, start + kept)
-        self.pool.note_tokens(w.slot, start, [last] + emitted[:kept - 1])
+        self.pool.note_tokens(w.slot, start, [last] + [token for token, _ in emitted[:kept - 1]])
         w.pos = start + kept
         w.result.n_fed += kept

@@ -15,9 +15,9 @@ this is speculative sampling with a draft that is one token for sure: a drafted 
 with its own probability, and on a miss the draw is already a sample of the model's
 distribution, so unseeded text keeps its distribution too.
 
-Lanes whose rows something else reads (logit bias, logprobs, a constraint) or whose sampling
-depends on the tokens before it within the step (penalties) do not speculate (the runner
-decides). The win is at low concurrency, where a step is bound by reading the weights and the
+Logit bias and logprobs are read from each position's own row, so such lanes speculate too;
+lanes whose pick at a position depends on the tokens before it in the same step (penalties, a
+constraint) do not (the runner decides). The win is at low concurrency, where a step is bound by reading the weights and the
 extra positions are nearly free; under load the batch already fills the device and wasted draft
 positions cost real compute, so :class:`Gate` turns it off there, and for lanes whose drafts
 keep being rejected (a sampled lane at a high temperature keeps fewer)."""

@@ -45,8 +45,9 @@ def runner(model, *, n_blocks=256, bits=0, speculate=0, step_tokens=512, flex_la
                       decoder=decoder)
 
 
-def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GREEDY):
-    """Prefill + first token, then decode grants, as the scheduler plans them."""
+def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GREEDY, logprobs=None):
+    """Prefill + first token, then decode grants, as the scheduler plans them; ``logprobs`` (a
+    dict) gathers each slot's logprob entries."""
     out = {s: [] for s in lanes}
     pos = {s: 0 for s in lanes}
     plans = [LanePlan(slot=s, pos=0, feed=list(t), sample=True, max_new=grant, reset=True, sampling=sampling,
@@ -58,6 +59,8 @@ def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GR
             for lp in plans:
                 lr = res.lanes[lp.slot]
                 out[lp.slot] += lr.tokens
+                if logprobs is not None:
+                    logprobs.setdefault(lp.slot, []).extend(lr.logprobs)
                 pos[lp.slot] += lr.n_fed
                 if len(out[lp.slot]) < n:
                     nxt.append(LanePlan(slot=lp.slot, pos=pos[lp.slot], feed=[out[lp.slot][-1]], sample=True,
@@ -200,6 +203,22 @@ def test_seeded_sampled_lanes_speculate_and_keep_their_text(tiny, grant):
     assert generate(r, lanes, 24, grant=grant, sampling=sampled) == plain
     assert r.gate.drafted > 0 and r.gate.accepted > 0
     assert plain != generate(runner(tiny), lanes, 24, grant=grant, sampling=GREEDY)  # it did sample
+
+
+def test_lanes_with_logprobs_and_bias_speculate_and_keep_their_tokens_and_logprobs(tiny):
+    """Bias and logprobs are read from each verify position's own row: such lanes draft, and give
+    the tokens and logprob entries they give without speculation."""
+    lanes = {0: [11, 12, 13, 14, 15] * 6, 1: PROMPTS[2]}
+    params = SamplingParams(temperature=0.0, logprobs=2, logit_bias=((600, 0.5),))
+    want, got = {}, {}
+    plain = generate(runner(tiny), lanes, 24, grant=24, sampling=params, logprobs=want)
+    r = runner(tiny, speculate=4)
+    assert generate(r, lanes, 24, grant=24, sampling=params, logprobs=got) == plain
+    assert r.gate.accepted > 0
+    for slot in lanes:
+        assert [e.token for e in got[slot]] == plain[slot]
+        assert [[t for t, _ in e.top] for e in got[slot]] == [[t for t, _ in e.top] for e in want[slot]]
+        np.testing.assert_allclose([e.logprob for e in got[slot]], [e.logprob for e in want[slot]], atol=1e-4)
 
 
 @pytest.mark.parametrize("bits", [8, 4])

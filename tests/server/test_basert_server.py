@@ -47,7 +47,17 @@ def basert(start_server):
 def references(basert):
     refs = {p: complete(basert.base, p, AGENT_TOKENS) for p in AGENT_PROMPTS + [REPEATING]}
     refs["seeded"] = complete(basert.base, REPEATING, AGENT_TOKENS, extra=SEEDED)
+    refs["logprobs"] = logprobs_of(basert, REPEATING)
     return refs
+
+
+def logprobs_of(server, prompt):
+    """A greedy completion's text and per-token logprobs (2 candidates each)."""
+    status, body, _ = post(server.base, "/v1/completions", {"prompt": prompt, "max_tokens": 32, "temperature": 0,
+                                                            "ignore_eos": True, "logprobs": 2})
+    assert status == 200, body
+    choice = body["choices"][0]
+    return choice["text"], choice["logprobs"]["token_logprobs"]
 
 
 def test_health_names_the_engine_and_its_pool(basert):
@@ -171,6 +181,12 @@ def test_speculation_keeps_greedy_and_seeded_text_and_reports_acceptance(start_s
     # a sampled lane speculates too, and its seeded text is the one it gives without speculation
     assert complete(srv.base, REPEATING, AGENT_TOKENS, extra=SEEDED) == references["seeded"]
     assert metric(srv, "superfluid_spec_drafted_tokens_total") > greedy_drafted
+    # and a lane that asks for logprobs: it drafts, and gives the same text and logprobs
+    before = metric(srv, "superfluid_spec_drafted_tokens_total")
+    text, logprobs = logprobs_of(srv, REPEATING)
+    assert metric(srv, "superfluid_spec_drafted_tokens_total") > before
+    assert text == references["logprobs"][0]
+    assert logprobs == pytest.approx(references["logprobs"][1], abs=1e-3)
     drafted = metric(srv, "superfluid_spec_drafted_tokens_total")
     accepted = metric(srv, "superfluid_spec_accepted_tokens_total")
     assert drafted > 0 and 0 < accepted <= drafted
