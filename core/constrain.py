@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from typing import Sequence
 
 import numpy as np
 
@@ -155,6 +156,26 @@ class LaneConstraint:
         if not ok:
             log.warning("constrained lane took token %d its grammar refused: %s", token, self.matcher.get_error())
         return ok
+
+    def masks_along(self, tokens: Sequence[int]) -> list[np.ndarray]:
+        """What :meth:`allowed` says before each of ``tokens`` and after the last (one more than
+        ``tokens``), as the lane would see it taking them one by one: what a verify step masks its
+        rows with when the lane speculates. The lane's own place is left where it was (moved along,
+        then rolled back). From a token the grammar refuses (or an end-of-generation token) on,
+        the rest repeat the last one: the pick there cannot be that token, so nothing after it is
+        kept."""
+        masks = [self.allowed()]
+        valid = self.matcher.validate_tokens(list(tokens)) if tokens else 0
+        taken = 0
+        for token in tokens[:valid]:
+            if token in self.eos or not self.matcher.consume_token(token):
+                break
+            taken += 1
+            masks.append(self.allowed())
+        if taken:
+            self.matcher.rollback(taken)
+        masks += [masks[-1]] * (len(tokens) + 1 - len(masks))
+        return masks
 
     @property
     def done(self) -> bool:

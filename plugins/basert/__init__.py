@@ -37,7 +37,7 @@ def one_of(*allowed):
 
 
 OPTIONS = [
-    Option("speculate", int, 0, "basert: prompt-lookup speculative decoding (greedy and sampled lanes): off, on (4) or "
+    Option("speculate", int, 0, "basert: prompt-lookup speculative decoding (every decoding lane): off, on (4) or "
            f"the tokens drafted per step (1-{MAX_DRAFT}); drafts are verified in the same forward pass and "
            "turned off under load and at low acceptance", in_range(0, MAX_DRAFT), model_scoped=True,
            metavar="off|on|N", parse=parse_speculate),

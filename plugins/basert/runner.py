@@ -164,13 +164,11 @@ class TickRunner(tick_runner.TickRunner):
         return bool(sampler and sampler.sees_feed)
 
     def _draft(self, w: Work, n_decoding: int) -> list[int]:
-        """Prompt-lookup drafts for a lane that decodes and whose sampling of one position does
-        not depend on the tokens before it in the step (no penalties or constraint:
-        :mod:`.speculate` says why)."""
+        """Prompt-lookup drafts for a lane that decodes (:mod:`.speculate`)."""
         if self.gate is None or not w.decoding or not w.sample or w.embed or w.targets:
             return []
         sampler = self.samplers.get(w.slot)
-        if sampler is None or sampler.sees_feed:
+        if sampler is None:
             return []
         left = w.max_new - len(w.result.tokens) - 1  # the step always adds the model's own next token
         k = min(self.gate.draft_len(w.slot, n_decoding), left)
@@ -261,9 +259,9 @@ class TickRunner(tick_runner.TickRunner):
     def _sample(self, rows: list[_Row], row_logits: dict[int, torch.Tensor]
                 ) -> tuple[dict[int, list[Pick]], dict[int, Pick]]:
         """Every row's picks in one call (one transfer): for a row that verifies a draft, what its
-        lane's sampling picks after each position (a sampled lane draws each with the uniform
-        that token would get, :meth:`.sampler.LaneSampler.peek`); for a row that samples, its
-        one pick. A pick is a token and its logprob entry (None unless the lane asked)."""
+        lane's sampling picks after each position, as it would have picked there without
+        speculation (:meth:`.sampler.LaneSampler.verify_rows`); for a row that samples, its one
+        pick. A pick is a token and its logprob entry (None unless the lane asked)."""
         to_sample = [i for i, r in enumerate(rows) if r.samples and not r.draft]  # (an embedding lane samples nothing)
         verify_rows = [i for i, r in enumerate(rows) if r.draft]
         if not to_sample and not verify_rows:
@@ -271,9 +269,7 @@ class TickRunner(tick_runner.TickRunner):
         parts = [row_logits[i][-1:] for i in to_sample] + [row_logits[i] for i in verify_rows]
         samplers = [self.samplers.get(rows[i].work.slot) for i in to_sample]
         for i in verify_rows:
-            lane = self.samplers[rows[i].work.slot]
-            width = rows[i].width
-            samplers += [lane] * width if lane.greedy else [lane.drawing(u) for u in lane.peek(width)]
+            samplers += self.samplers[rows[i].work.slot].verify_rows(rows[i].draft)
         got = sample_rows(torch.cat(parts), samplers)
         drawn = dict(zip(to_sample, got))
         picks, at = {}, len(to_sample)

@@ -76,6 +76,15 @@ class _Window:
                 else:
                     del self.counts[old]
 
+    def extended(self, tokens: Sequence[int]) -> _Window:
+        """A copy with ``tokens`` added (this window unchanged)."""
+        twin = _Window(self.size)
+        twin.tokens = collections.deque(self.tokens)
+        twin.counts = dict(self.counts)
+        twin._table = self._table
+        twin.extend(tokens)
+        return twin
+
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, counts), one entry per distinct token in the window."""
         if self._table is None:
@@ -95,6 +104,21 @@ class _FixedDraw:
 
     def random(self) -> float:
         return self.u
+
+
+class _FixedMask:
+    """A grammar's mask at one verify position (:meth:`LaneSampler.verify_rows`), computed before
+    the step's picks: the row is masked as the lane's constraint would have masked it there."""
+
+    __slots__ = ("allowed",)
+
+    def __init__(self, allowed: np.ndarray):
+        self.allowed = allowed
+
+    def mask(self, logits: np.ndarray) -> None:
+        n = self.allowed.shape[0]
+        logits[:n][~self.allowed] = -np.inf
+        logits[n:] = -np.inf
 
 
 class LaneSampler:
@@ -159,12 +183,26 @@ class LaneSampler:
         twin.bit_generator.state = self.rng.bit_generator.state
         return twin.random(n).tolist()
 
-    def drawing(self, u: float) -> LaneSampler:
-        """This lane's sampler for one row that draws ``u`` (see :meth:`peek`); the lane's own
-        generator does not move."""
-        twin = copy.copy(self)
-        twin.rng = _FixedDraw(u)
-        return twin
+    def verify_rows(self, draft: Sequence[int]) -> list[LaneSampler]:
+        """Samplers for the rows of a verify step over ``draft`` (one more than its tokens): row
+        ``i`` is sampled as the token after ``draft[:i]`` would be without speculation, with the
+        draw that token would use (:meth:`peek`; taken by :meth:`advance` once the lane knows how
+        many it kept), its penalty window holding ``draft[:i]``, and its grammar's mask there
+        (:meth:`LaneConstraint.masks_along`). The lane's own state does not move."""
+        n = len(draft) + 1
+        uniforms = self.peek(n) if self.rng is not None else None
+        masks = self.constraint.masks_along(draft) if self.constraint is not None else None
+        rows = []
+        for i in range(n):
+            twin = copy.copy(self)
+            if uniforms is not None:
+                twin.rng = _FixedDraw(uniforms[i])
+            if self.window is not None:
+                twin.window = self.window.extended(draft[:i])
+            if masks is not None:
+                twin.constraint = _FixedMask(masks[i])
+            rows.append(twin)
+        return rows
 
     def advance(self, drawn: int) -> None:
         """Skip the uniforms of ``drawn`` tokens sampled before (one each): a seeded lane that

@@ -15,9 +15,10 @@ this is speculative sampling with a draft that is one token for sure: a drafted 
 with its own probability, and on a miss the draw is already a sample of the model's
 distribution, so unseeded text keeps its distribution too.
 
-Logit bias and logprobs are read from each position's own row, so such lanes speculate too;
-lanes whose pick at a position depends on the tokens before it in the same step (penalties, a
-constraint) do not (the runner decides). The win is at low concurrency, where a step is bound by reading the weights and the
+Logit bias and logprobs are read from each position's own row. Penalties and a grammar depend
+on the tokens before a position, so each verify row gets the penalty window and the grammar mask
+it would have had there (:meth:`.sampler.LaneSampler.verify_rows`). So every lane that decodes
+may speculate. The win is at low concurrency, where a step is bound by reading the weights and the
 extra positions are nearly free; under load the batch already fills the device and wasted draft
 positions cost real compute, so :class:`Gate` turns it off there, and for lanes whose drafts
 keep being rejected (a sampled lane at a high temperature keeps fewer)."""

@@ -191,13 +191,18 @@ def test_speculation_gives_the_greedy_tokens_and_accepts_drafts(tiny):
     assert r.gate.drafted > 0
 
 
+# the tiny random model's logits lie close together: at 0.01 it still samples, and keeps drafts
+SAMPLED = SamplingParams(temperature=0.01, top_p=0.95, seed=3)
+PENALIZED = SamplingParams(temperature=0.01, seed=3, repeat_penalty=1.02, frequency_penalty=0.01, penalty_last_n=16)
+
+
 @pytest.mark.parametrize("grant", [4, 24])
-def test_seeded_sampled_lanes_speculate_and_keep_their_text(tiny, grant):
-    """Sampled lanes verify drafts by drawing each row with the uniform its token would get: two
-    seeded lanes give the tokens they give without speculation, across ticks (grant 4) too."""
+@pytest.mark.parametrize("sampled", [SAMPLED, PENALIZED], ids=["sampled", "penalized"])
+def test_seeded_sampled_lanes_speculate_and_keep_their_text(tiny, grant, sampled):
+    """Sampled lanes verify drafts by drawing each row with the uniform its token would get (and
+    the penalty window it would see): two seeded lanes give the tokens they give without
+    speculation, across ticks (grant 4) too."""
     lanes = {0: [11, 12, 13, 14, 15] * 6, 1: PROMPTS[2]}
-    # the tiny random model's logits lie close together: at 0.01 it still samples, and keeps drafts
-    sampled = SamplingParams(temperature=0.01, top_p=0.95, seed=3)
     plain = generate(runner(tiny), lanes, 24, grant=grant, sampling=sampled)
     r = runner(tiny, speculate=4)
     assert generate(r, lanes, 24, grant=grant, sampling=sampled) == plain

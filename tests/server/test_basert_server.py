@@ -28,6 +28,10 @@ AGENT_TOKENS = 64
 REPEATING = ("<|im_start|>user\nCopy this list exactly, twice: apples, pears, plums, figs, dates, limes, "
              "kiwis, grapes, melons, cherries.<|im_end|>\n<|im_start|>assistant\n")
 SEEDED = {"temperature": 0.7, "top_p": 0.95, "seed": 11}  # a sampled request that repeats its text
+PENALIZED = {"frequency_penalty": 0.3, "repeat_penalty": 1.05}  # greedy, with llama.cpp's penalties
+FRUITS = {"type": "object", "properties": {"fruits": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "colour": {"type": "string"}},
+    "required": ["name", "colour"]}}}, "required": ["fruits"]}
 
 
 def metric(server, name):
@@ -48,7 +52,20 @@ def references(basert):
     refs = {p: complete(basert.base, p, AGENT_TOKENS) for p in AGENT_PROMPTS + [REPEATING]}
     refs["seeded"] = complete(basert.base, REPEATING, AGENT_TOKENS, extra=SEEDED)
     refs["logprobs"] = logprobs_of(basert, REPEATING)
+    refs["penalized"] = complete(basert.base, REPEATING, AGENT_TOKENS, extra=PENALIZED)
+    refs["json"] = json_reply(basert)
     return refs
+
+
+def json_reply(server):
+    """A greedy reply held to a JSON schema (a list of objects: its keys repeat, so prompt
+    lookup has drafts)."""
+    status, body, _ = post(server.base, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "List three fruits with their colours as JSON."}],
+        "max_tokens": 48, "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "fruits", "schema": FRUITS}}})
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
 
 
 def logprobs_of(server, prompt):
@@ -187,6 +204,13 @@ def test_speculation_keeps_greedy_and_seeded_text_and_reports_acceptance(start_s
     assert metric(srv, "superfluid_spec_drafted_tokens_total") > before
     assert text == references["logprobs"][0]
     assert logprobs == pytest.approx(references["logprobs"][1], abs=1e-3)
+    # penalties and a JSON schema: each verify position sees the window and the grammar's mask
+    # it would have seen, so these draft and keep their text too
+    for name, ask in (("penalized", lambda: complete(srv.base, REPEATING, AGENT_TOKENS, extra=PENALIZED)),
+                      ("json", lambda: json_reply(srv))):
+        before = metric(srv, "superfluid_spec_drafted_tokens_total")
+        assert ask() == references[name], name
+        assert metric(srv, "superfluid_spec_drafted_tokens_total") > before, name
     drafted = metric(srv, "superfluid_spec_drafted_tokens_total")
     accepted = metric(srv, "superfluid_spec_accepted_tokens_total")
     assert drafted > 0 and 0 < accepted <= drafted

@@ -178,21 +178,37 @@ def test_a_resumed_seeded_lane_continues_its_sequence():
     assert [one(logits, resumed) for _ in range(4)] == straight[6:]
 
 
-def test_peeked_draws_sample_as_the_lane_would_and_leave_its_generator():
-    """A verify step's rows (speculation): each row drawn with the uniform its token would get
-    (``peek``), then ``advance`` by the tokens kept; the lane then goes on as if it had sampled
-    those tokens one by one."""
-    logits = rows(1, 3000, scale=1.0)
-    params = SamplingParams(temperature=0.8, top_p=0.95, seed=9)
-    straight = LaneSampler(params)
-    want = [one(logits, straight) for _ in range(8)]
-    lane = LaneSampler(params)
-    us = lane.peek(5)
-    assert lane.peek(5) == us  # peeking takes nothing
-    batch = sample_rows(torch.cat([logits] * 5), [lane.drawing(u) for u in us])
-    assert [token for token, _ in batch] == want[:5]
-    lane.advance(3)  # three of them kept
-    assert [one(logits, lane) for _ in range(5)] == want[3:]
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_p=0.95, seed=9),
+    SamplingParams(temperature=0.8, seed=9, repeat_penalty=1.3, frequency_penalty=0.5, penalty_last_n=8),
+    SamplingParams(temperature=0.0, presence_penalty=1.5),
+], ids=["sampled", "sampled-penalized", "greedy-penalized"])
+def test_verify_rows_sample_as_the_lane_would_and_leave_it_in_place(params):
+    """A verify step's rows (speculation): row i drawn with the uniform its token would get and
+    penalized by a window that holds the draft's first i tokens; ``advance`` then takes the kept
+    tokens' draws, and the lane goes on as if it had sampled those tokens one by one."""
+    logits = rows(1, 300, scale=1.0)
+    straight = LaneSampler(params, history=[1, 2, 3])
+    want = []
+    for _ in range(8):
+        want.append(one(logits, straight))
+        straight.accept([want[-1]])
+    lane = LaneSampler(params, history=[1, 2, 3])
+    draft = want[:4]
+    verify = lane.verify_rows(draft)
+    assert len(verify) == 5
+    assert [token for token, _ in sample_rows(torch.cat([logits] * 5), verify)] == want[:5]
+    if lane.rng is not None:
+        assert lane.peek(5) == lane.peek(5)  # peeking takes nothing
+    if lane.window is not None:
+        assert lane.window.counts == LaneSampler(params, history=[1, 2, 3]).window.counts
+    lane.accept(want[:3])  # three of them kept
+    lane.advance(3)
+    got = []
+    for _ in range(5):
+        got.append(one(logits, lane))
+        lane.accept([got[-1]])
+    assert got == want[3:]
 
 
 def test_host_and_device_math_agree_and_follow_llama_cpp_chain():

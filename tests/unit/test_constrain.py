@@ -92,3 +92,25 @@ def test_a_resumed_lane_continues_where_its_tokens_left_it(constrainer, vocab):
         fresh.accept(token)
     resumed = constrainer.for_lane(held_to(PERSON), generated=generated)
     assert (fresh.allowed() == resumed.allowed()).all()
+
+
+def test_masks_along_a_draft_are_the_masks_the_lane_meets_and_leave_it_in_place(constrainer, vocab):
+    """A speculating lane's verify rows: the mask before each drafted token and after the last,
+    as taking them one by one gives; from a token the grammar refuses on, that token's mask
+    repeats; the lane's own place does not move."""
+    start = tokens_of(vocab, '{"name": "Al')
+    draft = tokens_of(vocab, 'ice", "age": 3')
+    lane = constrainer.for_lane(held_to(PERSON), generated=start)
+    before = lane.allowed()
+    masks = lane.masks_along(draft)
+    assert len(masks) == len(draft) + 1
+    assert (lane.allowed() == before).all()
+    walker = constrainer.for_lane(held_to(PERSON), generated=start)
+    for i, token in enumerate(draft):
+        assert (masks[i] == walker.allowed()).all()
+        walker.accept(token)
+    assert (masks[-1] == walker.allowed()).all()
+    refused = tokens_of(vocab, 'ice", "x')  # "x" is no property of PERSON
+    masks = lane.masks_along(refused)
+    assert not masks[len(refused) - 1][refused[-1]]
+    assert (masks[-1] == masks[len(refused) - 1]).all() and (lane.allowed() == before).all()
