@@ -63,6 +63,7 @@ def test_speculation_prints_its_table_and_keeps_the_greedy_tokens(tiny, tmp_path
                                    "--threads", "1", "--json", str(out)])
     text = capsys.readouterr().out
     assert "## --speculate 4" in text and "| (a) 1 lane, repetitive |" in text and "| (c) 8 lanes |" in text
+    assert "| (f) 1 lane, JSON held to a schema |" in text
     cases = res["cases"]
     assert all(r["identical"] for r in cases.values())
     assert all(r["plain_tok_s"] > 0 and r["spec_tok_s"] > 0 for r in cases.values())

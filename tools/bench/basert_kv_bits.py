@@ -115,8 +115,9 @@ def load(model_path: str | None, dtype: torch.dtype = torch.float32):
 
 
 def make_runner(model, *, bits: int = 0, speculate: int = 0, step_tokens: int = 512, n_blocks: int = 1024,
-                dtype: torch.dtype = torch.float32):
-    """A tick runner over a fresh paged pool (``bits`` 0: full width in ``dtype``)."""
+                dtype: torch.dtype = torch.float32, constrainer=None):
+    """A tick runner over a fresh paged pool (``bits`` 0: full width in ``dtype``); ``constrainer``
+    for lanes held to a grammar."""
     from superfluid.plugins.basert.kv_pool import PagedKV
     from superfluid.plugins.basert.runner import TickRunner
 
@@ -124,7 +125,8 @@ def make_runner(model, *, bits: int = 0, speculate: int = 0, step_tokens: int = 
     cpu = torch.device("cpu")
     pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=n_blocks,
                    block_size=16, dtype=dtype, device=cpu, bits=bits)
-    return TickRunner(model, pool, set(), bytearray(3), device=cpu, speculate=speculate, step_tokens=step_tokens)
+    return TickRunner(model, pool, set(), bytearray(3), device=cpu, speculate=speculate, step_tokens=step_tokens,
+                      constrainer=constrainer)
 
 
 def generate(runner, prompts: Sequence[Sequence[int]], n: int, grant: int,

@@ -15,6 +15,8 @@ Cases, each ``--tokens`` tokens a lane, greedy unless named "sampled":
 (d), (e) as (a) and (b), sampled (temperature 0.7, top-p 0.95, a fixed seed): a sampled lane
     verifies by drawing each row with the uniform its token would get, so its seeded tokens are
     the same with and without speculation, and it keeps fewer drafts than a greedy lane.
+(f) one lane, greedy, its reply held to a JSON schema (a list of objects, whose keys repeat):
+    each verify row is masked as the grammar would have masked it there.
 
 Each round runs plain then speculating, on fresh runners, so load from other processes on a
 shared machine falls on both sides alike; the table shows the medians over ``--rounds`` and the
@@ -36,11 +38,18 @@ from typing import Any
 
 import torch
 
-from superfluid.core.request import SamplingParams
+from superfluid.core.constrain import Constrainer
+from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
+from superfluid.plugins.vocab.constraints import lltokenizer
 
 from .basert_kv_bits import GREEDY, chat, generate, load, make_runner, markdown
 
 SAMPLED = SamplingParams(temperature=0.7, top_p=0.95, seed=1234)
+FRUITS = {"type": "object", "properties": {"fruits": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "colour": {"type": "string"}},
+    "required": ["name", "colour"]}}}, "required": ["fruits"]}
+HELD_TO_JSON = SamplingParams(temperature=0.0, json_schema=JsonConstraint(choices=(JsonChoice("", FRUITS),)))
+JSON_PROMPT = "List twelve fruits and their colours as JSON."
 
 REPETITIVE = ("Copy this list twice, one item per line: apple, banana, cherry, date, elderberry, fig, "
               "grape, honeydew, kiwi, lemon, mango, nectarine, orange, papaya.")
@@ -58,16 +67,16 @@ LANE_PROMPTS = (
 
 
 def one_case(model, prompts: list[list[int]], n: int, k: int, rounds: int, grant: int,
-             sampling: SamplingParams = GREEDY) -> dict[str, Any]:
+             sampling: SamplingParams = GREEDY, constrainer: Constrainer | None = None) -> dict[str, Any]:
     """``rounds`` of plain then speculating decode over ``prompts`` (all lanes in the same ticks)."""
     plain_tps, spec_tps = [], []
     drafted = accepted = verify_steps = 0
     identical = True
     decoded = len(prompts) * (n - 1)  # the first token of each lane comes from the untimed prefill tick
     for _ in range(rounds):
-        plain, secs = generate(make_runner(model), prompts, n, grant, sampling)
+        plain, secs = generate(make_runner(model, constrainer=constrainer), prompts, n, grant, sampling)
         plain_tps.append(decoded / secs)
-        runner = make_runner(model, speculate=k)
+        runner = make_runner(model, speculate=k, constrainer=constrainer)
         spec, secs = generate(runner, prompts, n, grant, sampling)
         spec_tps.append(decoded / secs)
         identical &= spec == plain
@@ -107,9 +116,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cases = {"(a) 1 lane, repetitive": ([tok(REPETITIVE)], GREEDY), "(b) 1 lane, free-form": ([tok(FREE_FORM)], GREEDY),
              f"(c) {args.lanes} lanes": (lanes, GREEDY),
              "(d) 1 lane, repetitive, sampled": ([tok(REPETITIVE)], SAMPLED),
-             "(e) 1 lane, free-form, sampled": ([tok(FREE_FORM)], SAMPLED)}
+             "(e) 1 lane, free-form, sampled": ([tok(FREE_FORM)], SAMPLED),
+             "(f) 1 lane, JSON held to a schema": ([tok(JSON_PROMPT)], HELD_TO_JSON)}
+    n_vocab = model.shape.vocab_size
+    constrainer = Constrainer(lltokenizer(vocab, n_vocab), n_vocab, tuple(sorted(vocab.eog)))
     generate(make_runner(model, speculate=args.k), [tok(REPETITIVE)], 8, 8)  # warm-up: first-call costs
-    results = {name: one_case(model, prompts, args.tokens, args.k, args.rounds, args.grant, sampling)
+    results = {name: one_case(model, prompts, args.tokens, args.k, args.rounds, args.grant, sampling,
+                              constrainer if sampling.constrained else None)
                for name, (prompts, sampling) in cases.items()}
 
     print(f"## --speculate {args.k} on the CPU ({args.model or 'SmolLM2-135M-Instruct'}, fp32, {args.threads} "
