@@ -17,6 +17,11 @@ from .paged_attention import WritePlan
 PARK_FORMAT = "basert-parked-kv/1"
 
 
+def ceil_div(a: int, b: int) -> int:
+    """Blocks of ``b`` positions that ``a`` positions take."""
+    return -(-a // b)
+
+
 class DenseBlocks:
     """The pool's storage in the compute dtype: ``data [n_layers, 2 (K, V), n_blocks,
     block_size, n_kv_heads, head_dim]``. Rows are written in place, in their own basis; reads
@@ -73,16 +78,22 @@ def stored_shapes(meta: dict, n_blocks: int) -> dict[str, tuple[tuple[int, ...],
 
 @dataclass
 class ParkedKV:
-    """A slot's KV in host memory, in the pool's stored form (quantized stays quantized): the
-    blocks covering ``length`` positions, the noted tokens and the pool's geometry (``meta``)."""
+    """A parked slot's KV: the blocks covering ``length`` positions, the noted tokens and the
+    pool's geometry (``meta``). ``tensors`` holds the blocks in host memory, in the pool's stored
+    form (quantized stays quantized); it is None while the pool still keeps the blocks themselves
+    (``PagedKV.keep``), which then reports ``size``, the bytes a host copy takes."""
 
     length: int
     tokens: list[int]
     meta: dict
-    tensors: dict[str, Tensor] = field(repr=False)
+    tensors: dict[str, Tensor] | None = field(default=None, repr=False)
+    size: int = 0
 
     @property
     def nbytes(self) -> int:
+        """Host bytes the blocks take, or would take once copied there."""
+        if self.tensors is None:
+            return self.size
         return sum(t.nbytes for t in self.tensors.values())
 
 
@@ -93,6 +104,8 @@ def tensors_match(parked: ParkedKV, n_blocks: int) -> bool:
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
     got = parked.tensors
+    if got is None:
+        return False
     return set(got) == set(want) and all(
         isinstance(got[k], Tensor) and tuple(got[k].shape) == shape and got[k].dtype == dt
         for k, (shape, dt) in want.items())
@@ -101,6 +114,8 @@ def tensors_match(parked: ParkedKV, n_blocks: int) -> bool:
 def save_parked(parked: ParkedKV, f: BinaryIO) -> None:
     """Write a park artifact: plain tensors, ints and strings (``torch.load`` with
     ``weights_only`` can read it back without running code)."""
+    if parked.tensors is None:
+        raise ValueError("a kept entry has no host copy to save (PagedKV.host_copy makes one)")
     torch.save({"format": PARK_FORMAT, "length": parked.length,
                 "tokens": torch.tensor(parked.tokens, dtype=torch.long),
                 "meta": dict(parked.meta), "tensors": dict(parked.tensors)}, f)
@@ -129,7 +144,7 @@ def load_parked(f: BinaryIO) -> ParkedKV:
             raise ValueError("bad meta")
         parked = ParkedKV(length=length, tokens=tokens.tolist(), meta=meta,
                           tensors=dict(tensors))
-        if not tensors_match(parked, -(-length // meta["block_size"])):
+        if not tensors_match(parked, ceil_div(length, meta["block_size"])):
             raise ValueError("tensor shapes do not match the meta")
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"malformed parked KV file: {e}") from e

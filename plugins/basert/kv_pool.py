@@ -5,11 +5,14 @@ the pool holds as many tokens as the memory allows, whatever their mix of length
 reference counted, which buys three things: ``share`` gives a new lane a prefix without copying
 it (a partial last block is copied only when someone writes into it), identical prefixes computed
 twice are deduplicated by a chained hash of their full blocks (as vLLM's prefix caching does), and
-a lane can be parked to host memory (``export``/``save``) and brought back (``load``/``import_``).
+a lane can be parked by keeping its blocks where they are (``keep``: no copy; they are copied to
+host memory only when the pool needs the room, oldest first) or in host memory (``export``/``save``),
+and brought back (``load``/``import_``).
 
 Bookkeeping (tables, refcounts, the free list, hashes) is plain Python on the host; only the
 block contents live on the device. The step's attention is ``paged_attention.StepView``; the
-quantized storage is ``kv_quant.QuantBlocks``, the full-width one and parked copies ``kv_blocks``.
+quantized storage is ``kv_quant.QuantBlocks``, the full-width one and parked copies ``kv_blocks``;
+parking is ``kv_parking``.
 
 Call order per step: ``reserve(rows)`` (room, copy-on-write), ``begin_step(rows)``, the model's
 forward (``attend`` per layer), then ``note_tokens`` for the rows' token ids (before or after the
@@ -26,14 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv_blocks import DenseBlocks, ParkedKV, load_parked, save_parked, tensors_match
+from .kv_blocks import DenseBlocks, ceil_div, load_parked, save_parked
+from .kv_parking import Parking
 from .kv_quant import QuantBlocks
 from .paged_attention import StepView
 
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def chain_hash(prev: int | None, tokens: list[int]) -> int:
@@ -56,7 +56,7 @@ class _Slot:
     hashes: list[int] = field(default_factory=list)  # chained hashes of the leading full blocks
 
 
-class PagedKV:
+class PagedKV(Parking):
     """The paged KV pool (see the module docstring). ``bits`` 0 stores ``dtype``; 8 or 4 store
     quantized codes (``kv_quant``). ``max_gather_tokens`` caps the key rows one decode
     attention call gathers (``StepView``). ``scratch``: the store holds one block more, which no
@@ -84,6 +84,7 @@ class PagedKV:
         self._slots: dict[int, _Slot] = {}
         self._by_hash: dict[int, int] = {}               # hash -> live full block holding it
         self._hash_of: dict[int, int] = {}               # block -> its registered hash
+        self._init_parking(block_bytes=self.store.nbytes // (n_blocks + bool(scratch)))
 
     # ---- sizing and queries -------------------------------------------------------------
 
@@ -159,6 +160,10 @@ class PagedKV:
         if h is not None and self._by_hash.get(h) == b:
             del self._by_hash[h]
 
+    def _view(self, slot: int) -> _Slot:
+        """The slot's state, an empty one (not stored) for a slot never used."""
+        return self._slots.get(slot) or _Slot()
+
     def _slot(self, slot: int) -> _Slot:
         s = self._slots.get(slot)
         if s is None:
@@ -177,7 +182,7 @@ class PagedKV:
         s = self._slots.get(slot)
         if s is None or pos >= s.length:
             return
-        keep = _ceil_div(pos, self.block_size)
+        keep = ceil_div(pos, self.block_size)
         for b in s.table[keep:]:
             self._release(b)
         del s.table[keep:]
@@ -196,20 +201,22 @@ class PagedKV:
         s = self._slots.get(src)
         if s is None:
             return
+        self._slots[dst] = self._held_copy(s, pos)
+
+    def _held_copy(self, s: _Slot, pos: int) -> _Slot:
+        """A new holder of ``s``'s first ``min(pos, length)`` positions: its blocks by reference."""
         n = min(max(pos, 0), s.length)
-        d = self._slot(dst)
-        d.table = s.table[:_ceil_div(n, self.block_size)]
+        d = _Slot(table=s.table[:ceil_div(n, self.block_size)], length=n, computed=min(s.computed, n),
+                  tokens=s.tokens[:n], hashes=s.hashes[:n // self.block_size])
         for b in d.table:
             self._ref[b] += 1
-        d.length = n
-        d.computed = min(s.computed, n)
-        d.tokens = s.tokens[:n]
-        d.hashes = s.hashes[:n // self.block_size]
+        return d
 
     def reserve(self, rows: list[tuple[int, int, int]]) -> bool:
         """Cut each row's slot to ``start`` and make room for ``count`` more positions, copying
         any shared block in the write range. All or nothing: the blocks the cuts free count
-        towards the room; if it is short, nothing changes and the answer is False."""
+        towards the room, and kept parked entries are spilled for it, oldest first; if it is
+        still short, no slot changes and the answer is False."""
         bs = self.block_size
         seen: set[int] = set()
         for slot, start, count in rows:
@@ -219,36 +226,18 @@ class PagedKV:
             if start < 0 or count < 0 or start > self.length(slot):
                 raise ValueError(f"row ({slot}, {start}, {count}) does not fit a slot of "
                                  f"length {self.length(slot)}")
-        # dry run on a refcount overlay: cuts first (they free blocks), then copies and growth
-        delta: dict[int, int] = {}
-        freed = 0
-        for slot, start, _ in rows:
-            s = self._slots.get(slot)
-            for b in (s.table[_ceil_div(start, bs):] if s else []):
-                delta[b] = delta.get(b, 0) - 1
-                if self._ref[b] + delta[b] == 0:
-                    freed += 1
-        need = 0
-        for slot, start, count in rows:
-            s = self._slots.get(slot)
-            keep = _ceil_div(start, bs)
-            end = start + count
-            need += max(0, _ceil_div(end, bs) - keep)
-            if count and s:
-                for bi in range(start // bs, min(keep, _ceil_div(end, bs))):
-                    b = s.table[bi]
-                    if self._ref[b] + delta.get(b, 0) > 1:
-                        need += 1
-                        delta[b] = delta.get(b, 0) - 1
-        if need > len(self._free) + freed:
-            return False
+        need, freed = self._room(rows)
+        while need > len(self._free) + freed:
+            if not self._spill_one():
+                return False
+            need, freed = self._room(rows)
         for slot, start, _ in rows:
             self.truncate(slot, start)
         for slot, start, count in rows:
             s = self._slot(slot)
             end = start + count
             if count:
-                for bi in range(start // bs, min(len(s.table), _ceil_div(end, bs))):
+                for bi in range(start // bs, min(len(s.table), ceil_div(end, bs))):
                     b = s.table[bi]
                     if self._ref[b] > 1:
                         nb = self._alloc()
@@ -257,10 +246,36 @@ class PagedKV:
                         s.table[bi] = nb
                     else:
                         self._unhash(b)
-            while len(s.table) < _ceil_div(end, bs):
+            while len(s.table) < ceil_div(end, bs):
                 s.table.append(self._alloc())
             s.length = end
         return True
+
+    def _room(self, rows: list[tuple[int, int, int]]) -> tuple[int, int]:
+        """``reserve``'s dry run on a refcount overlay: the blocks the rows need (growth and
+        copies of shared blocks they write) and the blocks their cuts free."""
+        bs = self.block_size
+        delta: dict[int, int] = {}
+        freed = 0
+        for slot, start, _ in rows:
+            s = self._slots.get(slot)
+            for b in (s.table[ceil_div(start, bs):] if s else []):
+                delta[b] = delta.get(b, 0) - 1
+                if self._ref[b] + delta[b] == 0:
+                    freed += 1
+        need = 0
+        for slot, start, count in rows:
+            s = self._slots.get(slot)
+            keep = ceil_div(start, bs)
+            end = start + count
+            need += max(0, ceil_div(end, bs) - keep)
+            if count and s:
+                for bi in range(start // bs, min(keep, ceil_div(end, bs))):
+                    b = s.table[bi]
+                    if self._ref[b] + delta.get(b, 0) > 1:
+                        need += 1
+                        delta[b] = delta.get(b, 0) - 1
+        return need, freed
 
     def begin_step(self, rows: list[tuple[int, int, int]]) -> StepView:
         """The step's attention view; ``rows`` as passed to ``reserve`` (their order is the
@@ -281,7 +296,7 @@ class PagedKV:
                 continue
             if s is None or s.length != start + count:
                 raise ValueError(f"row ({slot}, {start}, {count}) was not reserved")
-            for bi in range(start // bs, _ceil_div(start + count, bs)):
+            for bi in range(start // bs, ceil_div(start + count, bs)):
                 if self._ref[s.table[bi]] != 1:
                     raise ValueError(f"slot {slot} would write shared block {s.table[bi]}; "
                                      "reserve the row after sharing")
@@ -332,36 +347,6 @@ class PagedKV:
                 s.table[i] = live
                 self._release(b)
             s.hashes.append(h)
-
-    # ---- parking -----------------------------------------------------------------------------
-
-    def export(self, slot: int) -> ParkedKV:
-        s = self._slots.get(slot) or _Slot()
-        blocks = s.table[:_ceil_div(s.length, self.block_size)]
-        return ParkedKV(length=s.length, tokens=list(s.tokens), meta=self.meta,
-                        tensors=self.store.export(blocks))
-
-    def import_(self, slot: int, parked: ParkedKV) -> bool:
-        """Bring a parked slot back into ``slot``. The slot is meant to be cleared; if it is
-        not, what it holds is replaced (its blocks count towards the room). False, changing
-        nothing, if the geometry differs or the blocks cannot hold it."""
-        n_blk = _ceil_div(parked.length, self.block_size)
-        if parked.meta != self.meta or not tensors_match(parked, n_blk):
-            return False
-        held = self._slots.get(slot)
-        freed = sum(1 for b in set(held.table) if self._ref[b] == 1) if held else 0
-        if n_blk > len(self._free) + freed:
-            return False
-        self.clear(slot)
-        s = self._slot(slot)
-        s.table = [self._alloc() for _ in range(n_blk)]
-        if n_blk:
-            self.store.load(s.table, parked.tensors)
-        s.length = s.computed = parked.length
-        s.tokens = list(parked.tokens)
-        s.hashes = []
-        self._hash_blocks(s)
-        return True
 
     # the park file format lives beside ParkedKV (kv_blocks): a pool reads and writes it
     save = staticmethod(save_parked)

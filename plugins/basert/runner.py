@@ -10,8 +10,8 @@ then sampled together (:mod:`.sampler`: argmax on the device; a lone sampled lan
 two or more on the device) and the tokens cross to the host once per step.
 
 Slots map onto the pool's block tables: a copy from another slot shares its full pages (the
-scheduler's prefix cache costs its blocks once), parking copies a slot's pages to host memory,
-and a step the pool cannot hold raises :class:`~superfluid.core.tick_runner.PoolFull` before
+scheduler's prefix cache costs its blocks once), parking keeps a slot's pages in the pool (copied
+to host memory only when a step needs the room), and a step the pool cannot hold raises :class:`~superfluid.core.tick_runner.PoolFull` before
 anything of it is computed."""
 
 from __future__ import annotations
@@ -118,14 +118,26 @@ class TickRunner(tick_runner.TickRunner):
     # ---- parked KV --------------------------------------------------------------------------
 
     def park(self, slot: int, key: str) -> int:
-        entry = self.parked[key] = self.pool.export(slot)
+        """Park by keeping the slot's pages in the pool (``PagedKV.keep``): no copy until the
+        pool needs the room. The size reported is what a host copy takes, so the scheduler's
+        host budget holds whether or not the pages were copied yet."""
+        self.drop(key)
+        entry = self.parked[key] = self.pool.keep(slot)
         return max(entry.nbytes, 1)
+
+    def drop(self, key: str) -> None:
+        entry = self.parked.pop(key, None)
+        if entry is not None:
+            self.pool.forget(entry)
 
     def parked_bytes(self) -> int:
         return sum(entry.nbytes for entry in self.parked.values())
 
     def restore(self, slot: int, entry) -> bool:
-        return self.pool.import_(slot, entry)
+        ok = self.pool.import_(slot, entry)
+        if not any(held is entry for held in self.parked.values()):
+            self.pool.forget(entry)  # the tick took it out of self.parked: the slot holds its pages now
+        return ok
 
     def load(self, path: str, key: str) -> int:
         try:
@@ -133,6 +145,7 @@ class TickRunner(tick_runner.TickRunner):
                 entry = PagedKV.load(f)
         except (OSError, ValueError, EOFError, RuntimeError, KeyError):
             return 0
+        self.drop(key)
         self.parked[key] = entry
         return max(entry.nbytes, 1)
 
@@ -140,7 +153,8 @@ class TickRunner(tick_runner.TickRunner):
         entry = self.parked.get(key)
         if entry is None:
             return 0
-        return write_atomically(path, lambda f: PagedKV.save(entry, f))
+        copy = self.pool.host_copy(entry)
+        return write_atomically(path, lambda f: PagedKV.save(copy, f))
 
     # ---- sampling ---------------------------------------------------------------------------
 

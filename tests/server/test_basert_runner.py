@@ -142,8 +142,10 @@ def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, 
         # 64 shared positions counted once; each slot's own last page: 7 and 9 (7 + 2 decoded)
         assert r.kv_used() == 64 + 7 + 9
         reference = res.lanes[1].tokens
-        # park slot 1, save it, load it under another key, restore it into slot 2: same continuation
+        # park slot 1 (its pages stay in the pool, no copy), save it, load it under another key,
+        # restore it into slot 2: same continuation
         r.run(TickPlan(park=[(1, "k")], release=[1]))
+        assert r.pool.kept(r.parked["k"]) and r.kv_used() == used
         path = str(tmp_path / "park.bin")
         assert r.run(TickPlan(save=[("k", path)])).saved[path] > 0
         assert r.run(TickPlan(load=[(path, "k2")])).parked["k2"] > 0
@@ -152,6 +154,12 @@ def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, 
                                                ignore_eos=True)]))
     assert not first.lanes[2].restore_failed
     assert first.lanes[2].tokens == reference[1:3]
+    # dropping the kept entry lets its pages go; slot 1's own last page was only its
+    held = r.pool.used_blocks()
+    kept = r.parked["k"]
+    with torch.inference_mode():
+        r.run(TickPlan(drop_parked=["k"]))
+    assert not r.pool.kept(kept) and r.pool.used_blocks() == held - 1
 
 
 def test_a_missing_or_corrupt_park_is_reported_not_raised(tiny, tmp_path):

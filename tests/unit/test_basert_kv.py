@@ -12,7 +12,8 @@ import io
 import pytest
 import torch
 
-from superfluid.plugins.basert.kv_pool import PagedKV, ParkedKV
+from superfluid.plugins.basert.kv_blocks import ParkedKV
+from superfluid.plugins.basert.kv_pool import PagedKV
 from superfluid.plugins.basert.kv_quant import rotation
 
 torch.set_num_threads(1)
@@ -330,6 +331,71 @@ def test_park_round_trip(bits):
     twin_outs, _ = run_step(twin, None, [(0, 13, 1)], twin_gen)
     for o, t in zip(outs, twin_outs):
         assert torch.equal(o, t)
+
+
+@pytest.mark.parametrize("bits", [0, 8, 4])
+def test_a_kept_park_holds_its_blocks_and_comes_back_without_a_copy(bits):
+    gen, twin_gen = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    pool, twin = make_pool(bits, n_blocks=16), make_pool(bits, n_blocks=16)
+    ids = list(range(13))
+    for p, g in ((pool, gen), (twin, twin_gen)):
+        run_step(p, None, [(0, 0, 13)], g, tokens={0: ids})
+    host = pool.export(0)
+    kept = pool.keep(0)
+    assert kept.tensors is None and pool.kept(kept)
+    assert kept.nbytes == host.nbytes and (kept.length, kept.tokens, kept.meta) == (13, ids, host.meta)
+    pool.clear(0)
+    assert pool.used_blocks() == 4 and pool.used_cells() == 0   # held by the entry, no slot's
+    assert pool.import_(3, kept)
+    assert pool.used_blocks() == 4                              # the same blocks, no copy
+    assert pool.tokens(3) == ids and pool.block_hashes(3) == twin.block_hashes(0)
+    pool.forget(kept)
+    assert not pool.kept(kept) and pool.used_blocks() == 4      # slot 3 holds them now
+    outs, _ = run_step(pool, None, [(3, 13, 1)], gen)           # writes the shared partial block
+    twin_outs, _ = run_step(twin, None, [(0, 13, 1)], twin_gen)
+    for o, t in zip(outs, twin_outs):
+        assert torch.equal(o, t)
+
+
+def test_a_step_short_of_room_spills_the_oldest_kept_entry_to_host_memory():
+    gen = torch.Generator().manual_seed(8)
+    pool = make_pool(n_blocks=8)
+    run_step(pool, None, [(0, 0, 9), (1, 0, 9)], gen)           # 3 blocks each
+    want = [pool.export(0).tensors, pool.export(1).tensors]
+    old, new = pool.keep(0), pool.keep(1)
+    pool.clear(0)
+    pool.clear(1)
+    assert pool.free_blocks() == 2
+    assert pool.reserve([(2, 0, 20)])                           # 5 blocks: the older entry goes
+    assert not pool.kept(old) and pool.kept(new) and pool.free_blocks() == 0
+    assert all(torch.equal(old.tensors[k], want[0][k]) for k in want[0])
+    assert pool.import_(3, old)                                 # 3 fresh blocks: the other goes too
+    assert not pool.kept(new) and all(torch.equal(new.tensors[k], want[1][k]) for k in want[1])
+    assert all(torch.equal(pool.export(3).tensors[k], want[0][k]) for k in want[0])
+    assert not pool.reserve([(4, 0, 8)])                        # nothing left to spill: refused
+    assert pool.length(4) == 0 and pool.free_blocks() == 0
+
+
+def test_a_kept_entry_shared_by_slots_stays_intact_and_forget_lets_go():
+    gen = torch.Generator().manual_seed(9)
+    pool = make_pool(n_blocks=16)
+    run_step(pool, None, [(0, 0, 6)], gen)                      # 2 blocks, the last partial
+    kept = pool.keep(0)
+    before = pool.host_copy(kept).tensors
+    assert pool.kept(kept)                                      # a host copy leaves it kept
+    pool.clear(0)
+    assert pool.import_(1, kept) and pool.import_(2, kept)      # shared (a seed that stays parked)
+    run_step(pool, None, [(1, 6, 1), (2, 6, 3)], gen)           # both write the shared partial block
+    after = pool.host_copy(kept).tensors
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    used = pool.used_blocks()
+    pool.forget(kept)
+    assert pool.used_blocks() == used - 1   # its own copy of the partial block goes, the shared full one stays
+    pool.clear(1)
+    pool.clear(2)
+    assert pool.used_blocks() == 0
+    with pytest.raises(ValueError):
+        PagedKV.save(pool.keep(0), io.BytesIO())                # a kept entry has no host copy
 
 
 def test_import_refuses_without_changing_anything():
