@@ -1,5 +1,5 @@
-"""The two basert benchmarks whose numbers go into the docs (tools/bench/basert_kv_bits.py and
-basert_speculation.py) run end to end on a tiny random-weight GGUF with tiny settings: their
+"""The basert benchmarks whose numbers go into the docs (tools/bench/basert_kv_bits.py,
+basert_speculation.py and basert_parking.py) run end to end on a tiny random-weight GGUF with tiny settings: their
 tables print, their JSON is written, and the invariants they report hold (full width agrees with
 itself, speculation gives the greedy tokens, 8 lanes past the gate draft nothing)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tools.bench import basert_kv_bits, basert_speculation  # noqa: E402
+from tools.bench import basert_kv_bits, basert_parking, basert_speculation  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
@@ -82,3 +82,14 @@ def test_eight_lanes_past_the_gate_draft_nothing_but_one_lane_drafts(tiny):
     alone = basert_kv_bits.make_runner(model, speculate=4)
     basert_kv_bits.generate(alone, [prompt], 16, 16)
     assert alone.gate.drafted > 0
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_parking_prints_its_table_and_both_cycles_keep_the_kv(tmp_path, capsys, bits):
+    out = tmp_path / "park.json"
+    res = basert_parking.main(["--tiny", "--tokens", "20,40", "--reps", "2", "--bits", str(bits),
+                               "--threads", "1", "--json", str(out)])
+    assert "## Parking a lane on basert" in capsys.readouterr().out
+    assert [r["tokens"] for r in res["rows"]] == [20, 40]
+    assert all(r["kv_unchanged"] and r["bytes"] > 0 for r in res["rows"])
+    assert json.loads(out.read_text())["bits"] == bits
