@@ -222,6 +222,13 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: str | None, results: dict[str, Any]) -> None:
+    """The results as JSON at ``path`` (``--json``), if one was given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: the default model, SmolLM2-135M-Instruct Q4_1)")
@@ -269,9 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\n({elapsed:.0f} s, torch {torch.__version__}, {args.threads} threads, fp32, CPU)")
     result = {"memory": mem, "perplexity": ppl, "agreement": agree, "agreement_per_prompt": detail,
               "passage_tokens": len(passage), "chunk": args.chunk, "seconds": elapsed}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return result
 
 

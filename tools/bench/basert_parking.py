@@ -13,14 +13,13 @@ it out of the parked set.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any, Callable
 
 import torch
 
-from .basert_kv_bits import markdown
+from .basert_kv_bits import markdown, write_json
 
 SMOLLM2 = {"n_layers": 30, "n_kv_heads": 3, "head_dim": 64}
 
@@ -92,9 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    [[r["tokens"], f"{r['bytes'] / 1e6:.1f}", f"{r['host_copy_ms']:.2f}", f"{r['kept_ms']:.3f}",
                      f"{r['ratio']:.0f}x", "yes" if r["kv_unchanged"] else "NO"] for r in rows]))
     out = {"bits": args.bits, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return out
 
 

@@ -31,7 +31,6 @@ first-call costs (allocator, thread pool) fall on neither side.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -42,7 +41,7 @@ from superfluid.core.constrain import Constrainer
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 from superfluid.plugins.vocab.constraints import lltokenizer
 
-from .basert_kv_bits import GREEDY, chat, generate, load, make_runner, markdown
+from .basert_kv_bits import GREEDY, chat, generate, load, make_runner, markdown, write_json
 
 SAMPLED = SamplingParams(temperature=0.7, top_p=0.95, seed=1234)
 FRUITS = {"type": "object", "properties": {"fruits": {"type": "array", "items": {
@@ -139,9 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     print(f"\n({elapsed:.0f} s, torch {torch.__version__})")
     out = {"k": args.k, "cases": results, "seconds": elapsed}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return out
 
 
