@@ -11,8 +11,8 @@ two or more on the device) and the tokens cross to the host once per step.
 
 Slots map onto the pool's block tables: a copy from another slot shares its full pages (the
 scheduler's prefix cache costs its blocks once), parking keeps a slot's pages in the pool (copied
-to host memory only when a step needs the room), and a step the pool cannot hold raises :class:`~superfluid.core.tick_runner.PoolFull` before
-anything of it is computed."""
+to host memory only when a step needs the room), and a step the pool cannot hold raises
+:class:`~superfluid.core.tick_runner.PoolFull` before anything of it is computed."""
 
 from __future__ import annotations
 
