@@ -119,6 +119,14 @@ def check(params: SamplingParams) -> None:
         raise UnsupportedConstraint(problem)
 
 
+def apply_mask(logits: np.ndarray, allowed: np.ndarray) -> None:
+    """Set ``logits`` to −inf, in place, where ``allowed`` (a bool per vocabulary token) is False,
+    and past its end (padding rows of a wider logits row)."""
+    n = allowed.shape[0]
+    logits[:n][~allowed] = -np.inf
+    logits[n:] = -np.inf
+
+
 class LaneConstraint:
     """One lane's place in its grammar."""
 
@@ -144,9 +152,7 @@ class LaneConstraint:
     def mask(self, logits: np.ndarray) -> None:
         """Set the logits of tokens that may not come next to −inf, in place (``logits`` a row
         of at least ``n_vocab`` values; the rest are padding, masked too)."""
-        allowed = self.allowed()
-        logits[:self.n_vocab][~allowed] = -np.inf
-        logits[self.n_vocab:] = -np.inf
+        apply_mask(logits, self.allowed())
 
     def accept(self, token: int) -> bool:
         """Move past a sampled (or replayed) token; False if the grammar did not allow it."""

@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from superfluid.core.constrain import LaneConstraint
+from superfluid.core.constrain import LaneConstraint, apply_mask
 from superfluid.core.logits import apply_bias, token_logprob
 from superfluid.core.request import SamplingParams
 from superfluid.core.tick import TokenLogprob
@@ -95,7 +95,7 @@ class _Window:
 
 
 class _FixedDraw:
-    """A generator that yields one known draw: :meth:`LaneSampler.drawing`'s."""
+    """A generator that yields one known draw: a verify row's (:meth:`LaneSampler.verify_rows`)."""
 
     __slots__ = ("u",)
 
@@ -116,9 +116,7 @@ class _FixedMask:
         self.allowed = allowed
 
     def mask(self, logits: np.ndarray) -> None:
-        n = self.allowed.shape[0]
-        logits[:n][~self.allowed] = -np.inf
-        logits[n:] = -np.inf
+        apply_mask(logits, self.allowed)
 
 
 class LaneSampler:
