@@ -12,9 +12,11 @@ The protocol: the worker is spawned as ``target(conn, stop_flag, spec)``; while 
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import traceback
 from typing import Any, Callable
 
+from . import lifeline
 from .engine import Engine
 from .errors import ConfigError, EngineCrashed, EngineFailure
 
@@ -29,6 +31,43 @@ def stop_requested(stop_flag) -> bool:
 
 class WorkerDied(EngineCrashed):
     """The worker process exited while a tick was in flight."""
+
+
+class WorkerExited(EngineFailure):
+    """The worker process exited before it reported ready (loading or warming up). ``exitcode``
+    is the process's: negative when a signal ended it, as ``multiprocessing`` reports it."""
+
+    def __init__(self, message: str, exitcode: int | None):
+        super().__init__(message)
+        self.exitcode = exitcode
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        """The signal that ended the worker, if one did."""
+        return signal_of(self.exitcode)
+
+
+def signal_of(exitcode: int | None) -> signal.Signals | None:
+    """The signal behind a ``multiprocessing`` exit code (negative: killed by that signal)."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode)
+    except ValueError:
+        return None
+
+
+def exit_text(exitcode: int | None) -> str:
+    """An exit code as a person reads it: ``exit code -11 (SIGSEGV)``."""
+    sig = signal_of(exitcode)
+    return f"exit code {exitcode}" + (f" ({sig.name})" if sig else "")
+
+
+def _run_worker(target: Callable, conn, stop_flag, spec) -> None:
+    """The spawned process's entry: watch the daemon (a SIGKILLed daemon leaves no worker behind
+    holding its model), then run the engine's worker."""
+    lifeline.watch_parent()
+    target(conn, stop_flag, spec)
 
 
 class WorkerProcess:
@@ -47,6 +86,7 @@ class WorkerProcess:
         self.info: dict = {}
         self.restarts = 0
         self.state = "stopped"
+        self.last_exitcode: int | None = None  # how the previous process ended (None: unknown)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -59,8 +99,8 @@ class WorkerProcess:
     def spawn(self, target: Callable, spec: Any, *, name: str) -> None:
         parent, child = self._mp.Pipe()
         self.state = "starting"
-        self._proc = self._mp.Process(target=target, args=(child, self.stop_flag, spec), name=name,
-                                      daemon=True)
+        self._proc = self._mp.Process(target=_run_worker, args=(target, child, self.stop_flag, spec),
+                                      name=name, daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -71,15 +111,13 @@ class WorkerProcess:
         while True:
             if not conn.poll(1.0):
                 if not self._proc.is_alive():
-                    self.state = "failed"
-                    raise EngineFailure(f"model {self.model!r}: {self.label} exited while loading "
-                                        f"(exit code {self._proc.exitcode})")
+                    raise self._exited()
                 continue
             try:
                 kind, payload = conn.recv()
             except EOFError:
-                self.state = "failed"
-                raise EngineFailure(f"model {self.model!r}: {self.label} exited while loading") from None
+                self._proc.join(5.0)  # a dying worker closes the pipe a moment before it is reaped
+                raise self._exited() from None
             if kind == "progress" and progress:
                 progress(f"loading {self.model}: {payload}%")
             elif kind == "error":
@@ -90,6 +128,14 @@ class WorkerProcess:
                 self.info = payload
                 self.state = "ready"
                 return payload
+
+    def _exited(self) -> WorkerExited:
+        self.state = "failed"
+        code = self._proc.exitcode
+        self.last_exitcode = code
+        self.kill()
+        return WorkerExited(f"model {self.model!r}: {self.label} exited while loading ({exit_text(code)})",
+                            code)
 
     def close(self) -> None:
         """Ask the worker to exit, give it 5 s, then kill it."""
@@ -107,6 +153,9 @@ class WorkerProcess:
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+            self.last_exitcode = None  # ended by us, not by itself
+        elif self._proc is not None and self._proc.exitcode is not None:
+            self.last_exitcode = self._proc.exitcode  # it ended on its own: keep how
         if self._conn is not None:
             self._conn.close()
         self._proc = None
@@ -146,7 +195,7 @@ class WorkerProcess:
                 self._proc.join(1.0)  # a dying worker closes the pipe a moment before it is reaped
             code = self._proc.exitcode if self._proc is not None else None
             raise WorkerDied(f"model {self.model!r}: {self.label} connection lost "
-                             f"({exc or type(exc).__name__}; exit code {code})") from None
+                             f"({exc or type(exc).__name__}; {exit_text(code)})") from None
         if kind != "ok":
             raise EngineFailure(f"model {self.model!r}: {payload}")
         return payload

@@ -31,6 +31,8 @@ from typing import Callable
 
 import aiohttp
 
+from superfluid.core import lifeline
+
 log = logging.getLogger("superfluid.fleet.smg")
 
 RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... consecutive quick death
@@ -90,7 +92,7 @@ class Smg:
         self._task = asyncio.create_task(self._supervise(), name="fleet-smg")
 
     def _spawn(self) -> None:
-        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = lifeline.popen(self.argv(), stdin=subprocess.DEVNULL, start_new_session=True)
         self.started_at = time.monotonic()
         self._pending.clear()
         log.info("SMG started (pid %d) on %s, policy %s", self.proc.pid, self.base, self.policy)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Callable
 
 import psutil
 
 from superfluid.core.engine import EngineCapabilities
-from superfluid.core.errors import ConfigError
-from superfluid.core.worker_process import WorkerEngine, WorkerProcess
+from superfluid.core.errors import ConfigError, EngineFailure
+from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerProcess, signal_of
 
-from . import FLASH_ATTN, worker
+from . import FLASH_ATTN, extra_buffers, worker
 from superfluid.plugins.vocab.gguf import Vocab
 
 log = logging.getLogger("superfluid.llamacpp")
@@ -33,6 +34,8 @@ class LlamaCppEngine(WorkerEngine):
         self.kv_unified = bool(model.values.get("kv-unified", False))
         self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
         self.flash_attn = FLASH_ATTN[model.values.get("flash-attn", "auto") or "auto"]
+        self.extra_buffers_mode = model.values.get("llama-extra-buffers", "auto") or "auto"
+        self.extra_buffers: extra_buffers.ExtraBuffers | None = None  # decided at the first start
         if self.pool_cells and self.pool_cells < self.max_context:
             raise ConfigError(f"model {model.name!r}: kv-pool-cells {self.pool_cells} is below max-context "
                               f"{self.max_context} (one lane must fit)")
@@ -46,11 +49,64 @@ class LlamaCppEngine(WorkerEngine):
         self.worker = WorkerProcess(model.name)
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Start the worker under the extra-buffer decision; if it dies from a signal before it is
+        ready (its warm-up decode is the shape AMX faulted on), start it once more with the
+        extra buffer types off. A fallback sticks: restarts after a crash stay on safe settings."""
+        if self.extra_buffers is None:
+            self.extra_buffers = extra_buffers.choose(self.extra_buffers_mode)
+            log.info("model %s: llama.cpp extra buffer types %s (%s)", self.info.name,
+                     "on" if self.extra_buffers.use else "off", self.extra_buffers.reason)
+        try:
+            info = self._start_worker(progress)
+        except WorkerExited as exc:
+            if exc.signal is None:
+                raise
+            if not self.extra_buffers.use:
+                raise self._safe_settings_died(exc) from None
+            self._fall_back(exc.signal.name, "before it was ready (loading or its warm-up decode)")
+            try:
+                info = self._start_worker(progress)
+            except WorkerExited as again:
+                if again.signal is None:
+                    raise
+                raise self._safe_settings_died(again) from None
+        log.info("model %s: worker pid %s ready (%s cells, %s sequences, %s KV; weights in %s)",
+                 self.info.name, info["pid"], info["n_ctx"], info["n_seq_max"],
+                 "shared pool" if info["kv_unified"] else "per-sequence buffers",
+                 ", ".join(f"{k} {v:g} MiB" for k, v in info.get("weight_buffers", {}).items()) or "?")
+
+    def restart(self, progress: Callable[[str], None] | None = None) -> None:
+        """After a crash: a worker that a signal (not a kill) ended while the extra buffer types
+        were on comes back with them off, so a fault they cause is not met again on every restart."""
+        self.worker.kill()
+        sig = signal_of(self.worker.last_exitcode)
+        if sig is not None and sig not in (signal.SIGKILL, signal.SIGTERM) and self.extra_buffers \
+                and self.extra_buffers.use:
+            self._fall_back(sig.name, "while serving")
+        self.worker.restarts += 1
+        self.start(progress)
+
+    def _start_worker(self, progress: Callable[[str], None] | None) -> dict:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes,
                                  max_context=self.max_context, threads=self.threads,
                                  kv_unified=self.kv_unified, pool_cells=self.pool_cells,
-                                 flash_attn=self.flash_attn)
+                                 flash_attn=self.flash_attn, extra_buffers=self.extra_buffers.use)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-llamacpp-{self.info.name}")
-        log.info("model %s: worker pid %s ready (%s cells, %s sequences, %s KV)",
-                 self.info.name, info["pid"], info["n_ctx"], info["n_seq_max"],
-                 "shared pool" if info["kv_unified"] else "per-sequence buffers")
+        info["extra_buffers"] = self.extra_buffers.describe()
+        info["cpu_features"] = self.extra_buffers.features
+        return info
+
+    def _fall_back(self, signal_name: str, when: str) -> None:
+        report = self.extra_buffers.report.strip()
+        log.warning("model %s: the llama.cpp worker died with %s %s with extra buffer types on (%s); "
+                    "starting it again with them off. llama.cpp's CPU report: %s. Set %s off (TOML "
+                    "llama-extra-buffers = \"off\") to start that way.", self.info.name, signal_name, when,
+                    self.extra_buffers.reason, report, extra_buffers.FLAG)
+        self.extra_buffers = self.extra_buffers.turned_off(
+            f"fallback: the worker died with {signal_name} {when} with them on")
+
+    def _safe_settings_died(self, exc: WorkerExited) -> EngineFailure:
+        return EngineFailure(
+            f"model {self.info.name!r}: the llama.cpp worker died with {exc.signal.name} before it was ready "
+            f"(loading or its warm-up decode) even with extra buffer types off ({extra_buffers.FLAG} off); llama.cpp's CPU report: "
+            f"{self.extra_buffers.report.strip()}")

@@ -27,6 +27,7 @@ class WorkerSpec:
     pool_cells: int = 0       # the shared pool's size (--kv-pool-cells; 0: lanes × context, capped)
     flash_attn: int = -1      # llama_flash_attn_type: -1 auto, 0 off, 1 on (--flash-attn)
     native_rounds: bool = True  # decode rounds in C where the extension is built (False: Python)
+    extra_buffers: bool = True  # weights in llama.cpp's extra buffer types (decided in extra_buffers.py)
 
 
 def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
@@ -77,8 +78,10 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
     import psutil
 
+    from .extra_buffers import model_params, weight_buffers
     from .hidden import model_pooling
     from .runner import TickRunner
+    from .warmup import WarmupFailed, warm_up
 
     llama_cpp._logger.logger.setLevel(40)
     llama_cpp.llama_backend_init()
@@ -93,9 +96,11 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
             conn.send(("progress", pct))
         return True
 
-    mparams = llama_cpp.llama_model_default_params()
+    mparams = model_params(spec.extra_buffers)
     mparams.progress_callback = on_progress
-    model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
+    buffers: dict[str, float] = {}
+    with weight_buffers(buffers):
+        model = llama_cpp.llama_model_load_from_file(spec.path.encode(), mparams)
     if not model:
         conn.send(("error", f"cannot load model {spec.path}"))
         return
@@ -130,13 +135,19 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
+    try:
+        warm_up(ctx, llama_cpp.llama_model_get_vocab(model), spec.extra_buffers)
+    except WarmupFailed as exc:
+        conn.send(("error", str(exc)))
+        return
     runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
                         lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
                         pooling=model_pooling(model))
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
-                         "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None}))
+                         "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None,
+                         "weight_buffers": buffers}))
     try:
         serve_ticks(conn, runner)
     finally:

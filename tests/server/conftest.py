@@ -20,15 +20,17 @@ def model_path() -> str:
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory, model_path):
-    """Factory: start_server(*flags) → a running ServerProcess. It is stopped when the test
+    """Factory: start_server(*flags, model=None, env=None) → a running ServerProcess (``env``: extra
+    environment variables; ``model``: another GGUF than the default). It is stopped when the test
     module that started it ends (``keep=True``: at the end of the session), so servers do not
     pile up over a run: each holds a model and its worker, and a whole run starts dozens."""
     started: list[ServerProcess] = []
 
-    def start(*flags: str, keep: bool = False) -> ServerProcess:
-        args = ["--model", model_path, "--model-name", "smollm2", "--max-context", TEST_CONTEXT, *flags]
+    def start(*flags: str, keep: bool = False, model: str | None = None,
+              env: dict[str, str] | None = None) -> ServerProcess:
+        args = ["--model", model or model_path, "--model-name", "smollm2", "--max-context", TEST_CONTEXT, *flags]
         log = tmp_path_factory.mktemp("server") / "server.log"
-        srv = ServerProcess(args, log)
+        srv = ServerProcess(args, log, env=env)
         srv.keep = keep
         started.append(srv)
         return srv

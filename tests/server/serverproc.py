@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from superfluid.core import lifeline
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -21,15 +23,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, startup_timeout: float = 120.0):
+    def __init__(self, args: list[str], log_path: Path, startup_timeout: float = 120.0,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [sys.executable, "-m", "superfluid.core.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), *args]
         self._log = open(log_path, "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        self.proc = lifeline.popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
         self._wait_ready(startup_timeout)
 

@@ -8,6 +8,8 @@ import concurrent.futures as cf
 
 import pytest
 
+from ..llama_reference import greedy_completions, in_child
+
 PROMPTS = [
     "<|im_start|>user\nWrite a short poem about autumn.<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>user\nExplain what a compiler does.<|im_end|>\n<|im_start|>assistant\n",
@@ -22,15 +24,8 @@ MAX_TOKENS = 48
 
 
 def _generate_alone(model_path, prompts, flash_attn: bool) -> dict:
-    """Each prompt generated alone by llama-cpp-python's high-level Llama."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(model_path, n_ctx=2048, flash_attn=flash_attn, verbose=False, seed=0)
-    refs = {}
-    for p in prompts:
-        out = llm.create_completion(p, max_tokens=MAX_TOKENS, temperature=0.0, repeat_penalty=1.0)
-        refs[p] = (out["choices"][0]["text"], out["usage"]["completion_tokens"])
-    del llm
-    return refs
+    """Each prompt generated alone by llama-cpp-python's high-level Llama, in a child process."""
+    return in_child(greedy_completions, model_path, list(prompts), MAX_TOKENS, flash_attn)
 
 
 @pytest.fixture(scope="module")

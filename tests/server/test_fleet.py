@@ -18,6 +18,8 @@ from unittest import mock
 
 import pytest
 
+from superfluid.core import lifeline
+
 from . import serverproc
 from .conftest import TEST_CONTEXT
 from .serverproc import ServerProcess, free_port
@@ -82,7 +84,7 @@ class Fleet:
         self._log = open(log_path, "wb")
         cmd = [sys.executable, "-m", "superfluid.core.cli", "fleet", "--port", str(self.port),
                "--policy", "round_robin", *[a for n in nodes for a in ("--node", n)], *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = lifeline.popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
         try:
             wait_for("the fleet's /health answers 200", lambda: self.health()[0] == 200, 60)

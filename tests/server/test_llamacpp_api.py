@@ -12,6 +12,7 @@ import pytest
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 from superfluid.core.tick import LanePlan, TickPlan
 
+from ..llama_reference import all_logits, hidden_states, in_child
 from .test_llamacpp_runner import PROMPTS, Worker
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -26,18 +27,8 @@ def worker(model_path):
 
 @pytest.fixture(scope="module")
 def reference(model_path):
-    """llama-cpp-python's own high-level model: every position's logits for a prompt."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, logits_all=True, verbose=False, n_threads=2,
-                          flash_attn=True)  # as the worker's "auto" picks on a CPU
-
-    def logits(tokens: list[int]) -> np.ndarray:
-        llm.reset()
-        llm.eval(tokens)
-        return np.array(llm.scores[:len(tokens)], dtype=np.float64)
-
-    yield logits
-    llm.close()
+    """llama-cpp-python's own logits for every position of a prompt (computed in a child process)."""
+    return lambda tokens: in_child(all_logits, model_path, list(tokens))
 
 
 def log_softmax(row: np.ndarray) -> np.ndarray:
@@ -136,15 +127,7 @@ def test_embedding_is_the_mean_hidden_state_in_any_chunking(worker, model_path):
                                         sampling=GREEDY, embed=True)])).lanes[1]
     assert a.pooled + b.pooled == len(prompt)
     np.testing.assert_allclose(np.add(a.embedding_sum, b.embedding_sum), whole.embedding_sum, rtol=1e-4, atol=1e-4)
-    # llama-cpp-python's own embedding mode, no pooling: one state per token
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=512, embedding=True, verbose=False, n_threads=2,
-                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE, flash_attn=True)
-    try:
-        llm.reset()
-        llm.eval(prompt)
-        states = np.array([llama_cpp.llama_get_embeddings_ith(llm.ctx, i)[:llm.n_embd()] for i in range(len(prompt))])
-    finally:
-        llm.close()
+    states = in_child(hidden_states, model_path, list(prompt))  # llama-cpp-python's own, one per token
     np.testing.assert_allclose(np.asarray(whole.embedding_sum) / whole.pooled, states.mean(axis=0), rtol=1e-3, atol=1e-3)
 
 

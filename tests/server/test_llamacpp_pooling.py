@@ -5,18 +5,16 @@ per token."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import threading
-
 import numpy as np
 import pytest
 
 from superfluid.core.request import SamplingParams
 from superfluid.core.tick import LanePlan, TickPlan
 from superfluid.plugins.llamacpp.hidden import model_pooling
-from superfluid.plugins.llamacpp.worker import WorkerSpec, main
 
+from ..llama_reference import hidden_states, in_child
 from ..tinygguf import write_tiny_llama
+from .test_llamacpp_runner import Worker
 
 llama_cpp = pytest.importorskip("llama_cpp")
 GREEDY = SamplingParams(temperature=0.0)
@@ -24,34 +22,8 @@ PROMPT = [1, 30, 31, 32, 33, 34, 35, 36, 37]
 
 
 def start(path: str):
-    flag, (mine, theirs) = mp.RawArray("b", 3), mp.Pipe()
-    spec = WorkerSpec(path=path, max_lanes=2, max_context=256, threads=2)
-    thread = threading.Thread(target=main, args=(theirs, flag, spec), daemon=True)
-    thread.start()
-    while mine.recv()[0] != "ready":
-        pass
-
-    def tick(plan):
-        mine.send(("tick", plan))
-        kind, result = mine.recv()
-        assert kind == "ok", result
-        return result
-
-    def stop():
-        mine.send(("close",))
-        thread.join(30)
-
-    return tick, stop
-
-
-def states(path: str) -> np.ndarray:
-    llm = llama_cpp.Llama(model_path=path, n_ctx=256, embedding=True, verbose=False, n_threads=2,
-                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE, flash_attn=True)
-    try:
-        llm.eval(PROMPT)
-        return np.array([llama_cpp.llama_get_embeddings_ith(llm.ctx, i)[:llm.n_embd()] for i in range(len(PROMPT))])
-    finally:
-        llm.close()
+    worker = Worker(path, native_rounds=True, max_context=256)
+    return worker, worker.close
 
 
 @pytest.mark.parametrize("declared, name", [(None, "mean"), (1, "mean"), (2, "cls"), (3, "last")])
@@ -74,7 +46,7 @@ def test_the_gguf_pooling_is_honoured_across_chunks(tmp_path, declared, name):
         stop()
     total = np.add(a.embedding_sum or 0.0, b.embedding_sum or 0.0)
     pooled = total / (a.pooled + b.pooled)
-    ref = states(path)
+    ref = in_child(hidden_states, path, PROMPT, n_ctx=256)
     expected = {"mean": ref.mean(axis=0), "cls": ref[0], "last": ref[-1]}[name]
     assert (a.pooled + b.pooled) == {"mean": len(PROMPT), "cls": 1, "last": 1}[name]
     np.testing.assert_allclose(pooled, expected, rtol=1e-3, atol=1e-4)

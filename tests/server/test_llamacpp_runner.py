@@ -7,13 +7,12 @@ the install) and in Python; both must give the same tokens."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import threading
-
 import pytest
 
 from superfluid.core.request import SamplingParams
 from superfluid.core.tick import LanePlan, Seed, TickPlan
+from superfluid.core.worker_process import WorkerProcess
+from superfluid.plugins.llamacpp.extra_buffers import choose
 from superfluid.plugins.llamacpp.worker import WorkerSpec, main
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -21,30 +20,21 @@ PROMPTS = ([1, 9690, 198, 4093, 314, 253, 1789, 30], [1, 4093, 28, 1350, 346, 17
 
 
 class Worker:
-    """A real worker (its ``main`` on a thread of this process, over a pipe); call it with a plan."""
+    """A real worker process, as the daemon runs it (``WorkerProcess`` over the worker's ``main``),
+    so that a crash in llama.cpp fails the test that met it, not the whole run. Call it with a plan."""
 
-    def __init__(self, model_path: str, native_rounds: bool):
-        self.flag = mp.RawArray("b", 3)
-        self.conn, theirs = mp.Pipe()
-        spec = WorkerSpec(path=model_path, max_lanes=2, max_context=512, threads=2, native_rounds=native_rounds)
-        self.thread = threading.Thread(target=main, args=(theirs, self.flag, spec), daemon=True)
-        self.thread.start()
-        while True:
-            kind, payload = self.conn.recv()
-            assert kind in ("progress", "ready"), payload
-            if kind == "ready":
-                self.info = payload
-                break
+    def __init__(self, model_path: str, native_rounds: bool, max_context: int = 512):
+        self.process = WorkerProcess("test-model")
+        self.flag = self.process.stop_flag
+        spec = WorkerSpec(path=model_path, max_lanes=2, max_context=max_context, threads=2,
+                          native_rounds=native_rounds, extra_buffers=choose("auto").use)
+        self.info = self.process.start(main, spec, name="test-llamacpp-worker")
 
     def __call__(self, plan: TickPlan):
-        self.conn.send(("tick", plan))
-        kind, result = self.conn.recv()
-        assert kind == "ok", result
-        return result
+        return self.process.call(("tick", plan))
 
     def close(self) -> None:
-        self.conn.send(("close",))
-        self.thread.join(30)
+        self.process.close()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 llama_cpp = pytest.importorskip("llama_cpp")
 
+from ..llama_reference import in_child  # noqa: E402
 from ..tinygguf import (  # noqa: E402
     BOS,
     EOS,
@@ -30,13 +31,15 @@ IDS = token_ids()
 
 @pytest.fixture(scope="module", params=["F32", "F16", "Q8_0", "Q4_0"])
 def tiny(request, tmp_path_factory):
-    """(quant, path, seconds to write, Llama) for each quantization."""
+    """(quant, path, seconds to write, Llama) for each quantization. The Llama here holds the
+    vocabulary only: whatever computes runs in a child process (``in_child``), so that a crash in
+    llama.cpp fails one test rather than the run."""
     quant = request.param
     path = tmp_path_factory.mktemp("tiny") / f"tiny-{quant}.gguf"
     t0 = time.perf_counter()
     write_tiny_llama(path, quant=quant)
     took = time.perf_counter() - t0
-    llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     yield quant, path, took, llm
     llm.close()
 
@@ -118,21 +121,37 @@ def test_special_tokens(raw_vocab, tiny):
     assert llm.metadata["tokenizer.chat_template"].startswith("{% for message in messages %}")
 
 
-def test_logits_finite(tiny):
-    llm = tiny[3]
-    llm.reset()
-    llm.eval(llm.tokenize(b"The user said hello"))
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llm._model.vocab)
-    assert n_vocab == len(build_vocab()[0])
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+def last_logits_and_greedy_runs(path: str) -> tuple[np.ndarray, list[dict]]:
+    """In the child: the last position's logits for a prompt, and two greedy completions."""
+    from superfluid.plugins.llamacpp.extra_buffers import reference_llama
+
+    llm = reference_llama(path, n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
+    try:
+        llm.eval(llm.tokenize(b"The user said hello"))
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llm._model.vocab)
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+        llm.reset()
+        runs = [llm.create_completion("Hello world", max_tokens=8, temperature=0) for _ in range(2)]
+        return logits, runs
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def computed(tiny):
+    return in_child(last_logits_and_greedy_runs, str(tiny[1]))
+
+
+def test_logits_finite(computed):
+    logits, _ = computed
+    assert len(logits) == len(build_vocab()[0])
     assert np.isfinite(logits).all()
     assert logits.std() > 0
 
 
-def test_greedy_completion_deterministic(tiny):
-    llm = tiny[3]
-    runs = [llm.create_completion("Hello world", max_tokens=8, temperature=0) for _ in range(2)]
+def test_greedy_completion_deterministic(computed):
+    _, runs = computed
     for r in runs:
         assert r["usage"]["completion_tokens"] == 8
         assert r["choices"][0]["finish_reason"] == "length"

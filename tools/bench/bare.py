@@ -45,13 +45,17 @@ def model_path(base: str) -> str:
 class BareLoop:
     """One llama.cpp context and the loop over it (runs in the child process)."""
 
-    def __init__(self, path: str, lanes: int, context: int, threads: int):
+    def __init__(self, path: str, lanes: int, context: int, threads: int, extra_buffers: str = "auto"):
         import llama_cpp as L
         import numpy as np
 
+        from superfluid.plugins.llamacpp.extra_buffers import choose, model_params
+
         self.L, self.np = L, np
         L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+        # the worker's decision (llama.cpp's AMX path crashes on batched decodes): a ceiling that
+        # crashed, or took a path the server avoids, would measure nothing the server can reach
+        self.model = L.llama_model_load_from_file(path.encode(), model_params(choose(extra_buffers).use))
         if not self.model:
             raise RuntimeError(f"cannot load {path}")
         self.vocab = L.llama_model_get_vocab(self.model)
@@ -148,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lanes", type=int, default=8)
     p.add_argument("--context", type=int, default=4096, help="KV cells per sequence (default 4096)")
     p.add_argument("--threads", type=int, default=min(os.cpu_count() or 1, 8))
+    p.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's extra buffer types, decided as the server's --llama-extra-buffers")
     args = p.parse_args(argv)
     out = sys.stdout
     sys.stdout = sys.stderr  # llama.cpp and Python chatter must not reach the protocol
     try:
-        loop = BareLoop(args.model, args.lanes, args.context, args.threads)
+        loop = BareLoop(args.model, args.lanes, args.context, args.threads, args.extra_buffers)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stops
         out.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
         out.flush()
@@ -178,9 +184,11 @@ class BareError(RuntimeError):
 class BareTarget:
     """The parent's handle on one child process running the bare loop."""
 
-    def __init__(self, path: str, lanes: int, context: int = 4096, threads: int | None = None):
+    def __init__(self, path: str, lanes: int, context: int = 4096, threads: int | None = None,
+                 extra_buffers: str = "auto"):
         self.path, self.lanes, self.context = path, lanes, context
         self.threads = threads
+        self.extra_buffers = extra_buffers
         self.proc: asyncio.subprocess.Process | None = None
         self._log = tempfile.TemporaryFile()
 
@@ -190,7 +198,7 @@ class BareTarget:
 
     async def start(self, timeout: float = 120.0) -> None:
         cmd = [sys.executable, "-m", "tools.bench.bare", "--model", self.path,
-               "--lanes", str(self.lanes), "--context", str(self.context)]
+               "--lanes", str(self.lanes), "--context", str(self.context), "--extra-buffers", self.extra_buffers]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
         root = Path(__file__).resolve().parents[2]

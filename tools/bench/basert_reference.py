@@ -174,9 +174,9 @@ def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
     model = basert.load(path, name=os.path.basename(path), device=torch.device("cpu"), dtype=dtype)
     llm = None
     if llama_cpp:
-        from llama_cpp import Llama
-        llm = Llama(model_path=path, n_ctx=512, logits_all=True, verbose=False,
-                    n_threads=max(1, torch.get_num_threads()), type_k=0, type_v=0)
+        from superfluid.plugins.llamacpp.extra_buffers import reference_llama
+        llm = reference_llama(model_path=path, n_ctx=512, logits_all=True, verbose=False,
+                              n_threads=max(1, torch.get_num_threads()), type_k=0, type_v=0)
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]

@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    help="engine threads of a llamacpp: target (default: the CPU count, at most 8)")
     p.add_argument("--bare-context", type=int, default=4096, metavar="CELLS",
                    help="KV cells per sequence of a llamacpp: target (default 4096)")
+    p.add_argument("--bare-extra-buffers", choices=("auto", "on", "off"), default="auto",
+                   help="llama.cpp's extra buffer types (AMX, CPU repacking) in a llamacpp: target, "
+                        "decided as the server's --llama-extra-buffers (default auto)")
     p.add_argument("--json", metavar="PATH", help="write all rounds and medians as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     return p
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout=args.timeout, connect_timeout=args.connect_timeout,
         api_key=args.api_key, throughput=not args.skip_throughput, ttft=not args.skip_ttft,
         bare_threads=args.bare_threads, bare_context=args.bare_context,
+        bare_extra_buffers=args.bare_extra_buffers,
     )
     targets = [Target(n, u, args.model) for n, u in pairs]
     progress = (lambda _line: None) if args.quiet else None

@@ -80,8 +80,10 @@ class LlamaVocab:
         import llama_cpp._logger
 
         llama_cpp._logger.logger.setLevel(logging.ERROR)
+        from superfluid.plugins.llamacpp.extra_buffers import choose, model_params
+
         llama_cpp.llama_backend_init()
-        params = llama_cpp.llama_model_default_params()
+        params = model_params(choose("auto").use)  # the worker's decision, though only the vocabulary loads
         params.vocab_only = True
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not self.model:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from superfluid.core import lifeline
+
 BIN = Path(sys.executable).parent  # the venv's bin/, where superfluid and smg live
 
 
@@ -58,7 +60,7 @@ class Proc:
         self._log = open(log_path, "ab")
         self._log.write(f"\n$ {' '.join(cmd)}\n".encode())
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = lifeline.popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
         self.pid = self.proc.pid
 

@@ -45,6 +45,7 @@ class Settings:
     ttft: bool = True
     bare_threads: int | None = None  # engine threads of a bare target (default: its own)
     bare_context: int = 4096  # KV cells per sequence of a bare target
+    bare_extra_buffers: str = "auto"  # llama.cpp's extra buffer types in a bare target (auto, on, off)
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -234,7 +235,7 @@ async def run(targets: Sequence[Target], s: Settings, progress: Progress = _stde
         for t in targets:
             if t.is_bare:
                 loops[t.name] = bare.BareTarget(bare.model_path(t.base), max(s.concurrencies),
-                                                s.bare_context, s.bare_threads)
+                                                s.bare_context, s.bare_threads, s.bare_extra_buffers)
                 await loops[t.name].start()
                 model = loops[t.name].model
             else:

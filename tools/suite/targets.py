@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from superfluid.core import lifeline
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "smollm2"
 LLAMA_SERVER_DEFAULT = (Path(os.environ.get("SUPERFLUID_CACHE", Path.home() / ".cache/superfluid"))
@@ -96,7 +98,7 @@ class Server:
     def start(self) -> None:
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        self.proc = lifeline.popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=self.cwd or str(ROOT), start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
