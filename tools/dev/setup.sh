@@ -17,16 +17,28 @@ fi
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 stamp=.venv/.superfluid-installed
 want="$(cat pyproject.toml setup.py plugins/llamacpp/_rounds.c examples/*/pyproject.toml | sha256sum | cut -d' ' -f1)"
+# pip's own output (setuptools' notes on editable installs, this machine's pip configuration) goes
+# to a log that is shown only if a step fails: a newcomer's set-up prints the lines below and no more.
+log=.venv/install.log
+pip_install() {
+    if ! .venv/bin/python -m pip install --quiet "$@" >>"$log" 2>&1; then
+        echo "setup: pip install $* failed; the last lines of $log:" >&2
+        tail -n 40 "$log" >&2
+        exit 1
+    fi
+}
 if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 'import superfluid.core, llama_cpp' 2>/dev/null; then
-    echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes)" >&2
-    .venv/bin/python -m pip install --quiet --upgrade pip
+    echo "setup: installing superfluid into .venv (the first time compiles llama.cpp: ~10 minutes; pip's log: $log)" >&2
+    : > "$log"
+    pip_install --upgrade pip
     # basert's PyTorch first, pinned: an unpinned torch (or a range admitting a newer release)
     # pulls a CUDA build of several GB; 2.13.0 is the CPU build this machine's index serves
-    .venv/bin/python -m pip install --quiet "torch==2.13.0"
-    .venv/bin/python -m pip install --quiet -e ".[dev,mlx,suite,basert,fleet]"
+    pip_install "torch==2.13.0"
+    pip_install -e ".[dev,mlx,suite,basert,fleet]"
     # the plugin kit's examples, installed as a third party would install them (entry points)
-    .venv/bin/python -m pip install --quiet -e examples/fair-share -e examples/echo-engine
+    pip_install -e examples/fair-share -e examples/echo-engine
     echo "$want" > "$stamp"
+    echo "setup: superfluid installed" >&2
 fi
 # The dashboard's browser test drives Debian's Chromium (playwright with executable_path).
 if ! command -v chromium >/dev/null && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
