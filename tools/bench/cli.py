@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from tools.bench import bare, method, report
+from tools.bench import bare, machine, method, report
 from tools.bench.runner import Settings, Target, run
 
 
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = [Target(n, u, args.model) for n, u in pairs]
     progress = (lambda _line: None) if args.quiet else None
     results = asyncio.run(run(targets, settings, progress) if progress else run(targets, settings))
+    print(machine.line())
+    print()
     print(report.markdown(results))
     if args.json:
         report.write_json(results, args.json)

@@ -73,4 +73,6 @@ def markdown(res: Results) -> str:
 
 
 def write_json(res: Results, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(res.to_json(), indent=2) + "\n")
+    from tools.bench import machine
+
+    Path(path).write_text(json.dumps({"machine": machine.describe(), **res.to_json()}, indent=2) + "\n")
