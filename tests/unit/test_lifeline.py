@@ -58,31 +58,28 @@ def run_parent(script: str) -> tuple[subprocess.Popen, psutil.Process]:
     return parent, psutil.Process(int(line[0]))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_popen_child_started_from_a_finished_thread_dies_with_its_sigkilled_parent():
-    parent, child = run_parent(POPEN_PARENT)
-    try:
-        assert child.is_running() and child.ppid() == parent.pid
-        parent.kill()
-        parent.wait(10)
-        gone, alive = psutil.wait_procs([child], timeout=10)
-        assert not alive
-    finally:
-        if child.is_running():
-            child.kill()
-
-
-def test_a_spawned_worker_that_watches_its_parent_dies_with_it():
-    parent, child = run_parent(SPAWN_PARENT)
+def child_outlives_killed_parent(parent: subprocess.Popen, child: psutil.Process) -> bool:
+    """SIGKILL the parent; whether the child is still running 10 s later (killed then, by PID)."""
     try:
         assert child.is_running()
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
-        gone, alive = psutil.wait_procs([child], timeout=10)
-        assert not alive
+        _, alive = psutil.wait_procs([child], timeout=10)
+        return bool(alive)
     finally:
         if child.is_running():
             child.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_popen_child_started_from_a_finished_thread_dies_with_its_sigkilled_parent():
+    parent, child = run_parent(POPEN_PARENT)
+    assert child.ppid() == parent.pid
+    assert not child_outlives_killed_parent(parent, child)
+
+
+def test_a_spawned_worker_that_watches_its_parent_dies_with_it():
+    assert not child_outlives_killed_parent(*run_parent(SPAWN_PARENT))
 
 
 def test_watch_parent_is_a_no_op_without_a_multiprocessing_parent():
