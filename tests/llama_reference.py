@@ -102,3 +102,18 @@ def greedy_completions(path: str, prompts: list[str], max_tokens: int, flash_att
         return refs
     finally:
         llm.close()
+
+
+def text_logits(path: str, text: bytes, n_ctx: int = 128):
+    """``text`` tokenized (with BOS) by llama.cpp, and every position's logits: (tokens, logits)."""
+    import numpy as np
+
+    from superfluid.plugins.llamacpp.extra_buffers import reference_llama
+
+    llm = reference_llama(path, n_ctx=n_ctx, logits_all=True, verbose=False)
+    try:
+        tokens = llm.tokenize(text, add_bos=True)
+        llm.eval(tokens)
+        return tokens, np.array(llm.scores[:len(tokens)])
+    finally:
+        llm.close()
