@@ -1,7 +1,7 @@
-"""How a paged pool's blocks are stored and carried: full-width blocks (``DenseBlocks``; the
-quantized ones are ``kv_quant.QuantBlocks``), the shapes a pool's geometry implies, and a slot's
-parked copy (``ParkedKV``) and its file (``save_parked``/``load_parked``), checked against those
-shapes when it comes back."""
+"""How a paged pool's blocks are stored, held and carried: full-width blocks (``DenseBlocks``; the
+quantized ones are ``kv_quant.QuantBlocks``), the shapes a pool's geometry implies, what one
+holder holds (``SlotBlocks``), and a slot's parked copy (``ParkedKV``) and its file
+(``save_parked``/``load_parked``), checked against those shapes when it comes back."""
 
 from __future__ import annotations
 
@@ -77,11 +77,23 @@ def stored_shapes(meta: dict, n_blocks: int) -> dict[str, tuple[tuple[int, ...],
 
 
 @dataclass
+class SlotBlocks:
+    """What one holder of a pool's blocks holds: a slot, or a parked entry the pool keeps
+    (``kv_parking``). Each block in ``table`` counts this holder once in the pool's refcounts."""
+
+    table: list[int] = field(default_factory=list)   # block ids, position p in table[p // bs]
+    length: int = 0                                  # reserved positions
+    computed: int = 0                                # positions whose KV all layers wrote
+    tokens: list[int] = field(default_factory=list)  # noted token ids, <= length of them
+    hashes: list[int] = field(default_factory=list)  # chained hashes of the leading full blocks
+
+
+@dataclass
 class ParkedKV:
     """A parked slot's KV: the blocks covering ``length`` positions, the noted tokens and the
     pool's geometry (``meta``). ``tensors`` holds the blocks in host memory, in the pool's stored
     form (quantized stays quantized); it is None while the pool still keeps the blocks themselves
-    (``PagedKV.keep``), which then reports ``size``, the bytes a host copy takes."""
+    (``Parking.keep``), which then reports ``size``, the bytes a host copy takes."""
 
     length: int
     tokens: list[int]
@@ -115,7 +127,7 @@ def save_parked(parked: ParkedKV, f: BinaryIO) -> None:
     """Write a park artifact: plain tensors, ints and strings (``torch.load`` with
     ``weights_only`` can read it back without running code)."""
     if parked.tensors is None:
-        raise ValueError("a kept entry has no host copy to save (PagedKV.host_copy makes one)")
+        raise ValueError("a kept entry has no host copy to save (Parking.host_copy makes one)")
     torch.save({"format": PARK_FORMAT, "length": parked.length,
                 "tokens": torch.tensor(parked.tokens, dtype=torch.long),
                 "meta": dict(parked.meta), "tensors": dict(parked.tensors)}, f)

@@ -3,39 +3,53 @@
 Two forms, both :class:`~.kv_blocks.ParkedKV`: a host copy of the slot's blocks (``export``,
 and what park files hold), or the blocks themselves, kept in the pool by reference (``keep``).
 A kept entry costs no copy to park or to restore while the pool has room; when a step or a
-restore needs the room, the oldest kept entry whose blocks would free any is copied to host
-memory and lets them go (``spill``). Either form reports the bytes a host copy takes, so the
-scheduler's host budget holds whichever form an entry is in.
+restore needs the room, the pool asks for the oldest kept entry whose blocks would free any to
+be copied to host memory and let go (``spill_oldest``). Either form reports the bytes a host
+copy takes, so the scheduler's host budget holds whichever form an entry is in.
 
-This is a part of ``PagedKV`` (a base class it inherits), kept in its own file because it is
-its own job: it works on the pool's block bookkeeping (``_slots``, ``_ref``, ``_free``, the
-store) and adds only the kept entries (``_kept``)."""
+``Parking`` is an object the pool holds (``pool.parking``): it owns the kept entries and
+reaches the pool's blocks only through :class:`ParkingPool`, the pool's holder methods."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .kv_blocks import ParkedKV, ceil_div, tensors_match
+from .kv_blocks import DenseBlocks, ParkedKV, SlotBlocks
+from .kv_quant import QuantBlocks
 
-if TYPE_CHECKING:
-    from .kv_pool import _Slot
+
+class ParkingPool(Protocol):
+    """What parking reads and asks of the pool (``PagedKV`` is one)."""
+
+    store: DenseBlocks | QuantBlocks   # the blocks' storage (parking makes host copies of them)
+    block_bytes: int                   # one block's device bytes (its host copy takes as many)
+
+    @property
+    def meta(self) -> dict: ...
+    def length(self, slot: int) -> int: ...
+    def tokens(self, slot: int) -> list[int]: ...
+    def block_table(self, slot: int) -> list[int]: ...
+    def hold(self, slot: int) -> SlotBlocks: ...
+    def let_go(self, held: SlotBlocks) -> None: ...
+    def would_free(self, held: SlotBlocks) -> bool: ...
+    def adopt(self, slot: int, held: SlotBlocks, length: int) -> None: ...
+    def fill(self, slot: int, parked: ParkedKV) -> bool: ...
 
 
 class Parking:
-    """``PagedKV``'s parking (the module docstring says how)."""
+    """A pool's parked entries (the module docstring says how)."""
 
-    def _init_parking(self, block_bytes: int) -> None:
+    def __init__(self, pool: ParkingPool) -> None:
+        self._pool = pool
         # parked entries whose blocks stay in the pool, oldest first: id(entry) -> (entry, holder)
-        self._kept: OrderedDict[int, tuple[ParkedKV, _Slot]] = OrderedDict()
-        self._block_bytes = block_bytes
+        self._kept: OrderedDict[int, tuple[ParkedKV, SlotBlocks]] = OrderedDict()
 
     def export(self, slot: int) -> ParkedKV:
         """A host copy of the slot's blocks."""
-        s = self._view(slot)
-        blocks = s.table[:ceil_div(s.length, self.block_size)]
-        return ParkedKV(length=s.length, tokens=list(s.tokens), meta=self.meta,
-                        tensors=self.store.export(blocks))
+        pool = self._pool
+        return ParkedKV(length=pool.length(slot), tokens=pool.tokens(slot), meta=pool.meta,
+                        tensors=pool.store.export(pool.block_table(slot)))
 
     def keep(self, slot: int) -> ParkedKV:
         """Park the slot by keeping its blocks (a reference each, no copy): the entry holds them
@@ -43,10 +57,9 @@ class Parking:
         when the oldest kept entry is copied to host memory and its blocks let go (``spill``).
         Why: parking and restoring then cost nothing while the pool has room, and host memory
         is spent only when it must be (on a CPU, host and device memory are the same)."""
-        s = self._view(slot)
-        held = self._held_copy(s, s.length)
-        entry = ParkedKV(length=s.length, tokens=list(s.tokens), meta=self.meta,
-                         size=len(held.table) * self._block_bytes)
+        held = self._pool.hold(slot)
+        entry = ParkedKV(length=held.length, tokens=list(held.tokens), meta=self._pool.meta,
+                         size=len(held.table) * self._pool.block_bytes)
         self._kept[id(entry)] = (entry, held)
         return entry
 
@@ -60,16 +73,22 @@ class Parking:
         if item is None:
             return
         held = item[1]
-        entry.tensors = self.store.export(held.table)
-        for b in held.table:
-            self._release(b)
+        entry.tensors = self._pool.store.export(held.table)
+        self._pool.let_go(held)
+
+    def spill_oldest(self) -> bool:
+        """Spill the oldest kept entry whose spilling frees a block; False if none would."""
+        for entry, held in self._kept.values():
+            if self._pool.would_free(held):
+                self.spill(entry)
+                return True
+        return False
 
     def forget(self, entry: ParkedKV) -> None:
         """The entry is dropped: let go of the blocks the pool kept for it (if any)."""
         item = self._kept.pop(id(entry), None)
         if item is not None:
-            for b in item[1].table:
-                self._release(b)
+            self._pool.let_go(item[1])
 
     def host_copy(self, entry: ParkedKV) -> ParkedKV:
         """The entry with its blocks in host memory (a park file's content); a kept entry stays
@@ -78,44 +97,15 @@ class Parking:
         if item is None:
             return entry
         return ParkedKV(length=entry.length, tokens=list(entry.tokens), meta=entry.meta,
-                        tensors=self.store.export(item[1].table))
-
-    def _spill_one(self) -> bool:
-        """Spill the oldest kept entry whose spilling frees a block; False if none would."""
-        for entry, held in self._kept.values():
-            if any(self._ref[b] == 1 for b in held.table):
-                self.spill(entry)
-                return True
-        return False
+                        tensors=self._pool.store.export(item[1].table))
 
     def import_(self, slot: int, parked: ParkedKV) -> bool:
         """Bring a parked slot back into ``slot``: a kept entry's blocks by reference, a host
-        copy into fresh blocks (spilling kept entries for the room if need be). The slot is
-        meant to be cleared; if it is not, what it holds is replaced (its blocks count towards
-        the room). False, changing nothing, if the geometry differs or the blocks cannot hold
-        it."""
+        copy into fresh blocks (``PagedKV.fill``: spilling kept entries for the room if need
+        be). The slot is meant to be cleared; if it is not, what it holds is replaced. False,
+        changing nothing, if the geometry differs or the blocks cannot hold it."""
         item = self._kept.get(id(parked))
         if item is not None:
-            self.clear(slot)
-            self._slots[slot] = self._held_copy(item[1], parked.length)
+            self._pool.adopt(slot, item[1], parked.length)
             return True
-        n_blk = ceil_div(parked.length, self.block_size)
-        if parked.meta != self.meta or not tensors_match(parked, n_blk):
-            return False
-        while n_blk > len(self._free) + self._freed_by_clearing(slot):
-            if not self._spill_one():
-                return False
-        self.clear(slot)
-        s = self._slot(slot)
-        s.table = [self._alloc() for _ in range(n_blk)]
-        if n_blk:
-            self.store.load(s.table, parked.tensors)
-        s.length = s.computed = parked.length
-        s.tokens = list(parked.tokens)
-        s.hashes = []
-        self._hash_blocks(s)
-        return True
-
-    def _freed_by_clearing(self, slot: int) -> int:
-        held = self._slots.get(slot)
-        return sum(1 for b in set(held.table) if self._ref[b] == 1) if held else 0
+        return self._pool.fill(slot, parked)

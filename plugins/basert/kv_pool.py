@@ -4,15 +4,17 @@ Why paged: lanes grow and shrink by whole blocks instead of each reserving a max
 the pool holds as many tokens as the memory allows, whatever their mix of lengths. Blocks are
 reference counted, which buys three things: ``share`` gives a new lane a prefix without copying
 it (a partial last block is copied only when someone writes into it), identical prefixes computed
-twice are deduplicated by a chained hash of their full blocks (as vLLM's prefix caching does), and
-a lane can be parked by keeping its blocks where they are (``keep``: no copy; they are copied to
-host memory only when the pool needs the room, oldest first) or in host memory (``export``/``save``),
-and brought back (``load``/``import_``).
+twice are deduplicated by a chained hash of their full blocks (as vLLM's prefix caching does; the
+hash is the core's, :mod:`superfluid.core.block_hash`, the one KV events publish), and a lane can
+be parked by keeping its blocks where they are (``parking.keep``: no copy; they are copied to host
+memory only when the pool needs the room, oldest first) or in host memory (``parking.export``,
+``save``), and brought back (``load``, ``parking.import_``).
 
 Bookkeeping (tables, refcounts, the free list, hashes) is plain Python on the host; only the
 block contents live on the device. The step's attention is ``paged_attention.StepView``; the
 quantized storage is ``kv_quant.QuantBlocks``, the full-width one and parked copies ``kv_blocks``;
-parking is ``kv_parking``.
+parking is the pool's ``parking`` (``kv_parking.Parking``), which holds blocks through the pool's
+holder methods (``hold``, ``let_go``, ``adopt``, ``fill``).
 
 Call order per step: ``reserve(rows)`` (room, copy-on-write), ``begin_step(rows)``, the model's
 forward (``attend`` per layer), then ``note_tokens`` for the rows' token ids (before or after the
@@ -23,40 +25,18 @@ the step is still writing.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from dataclasses import dataclass, field
-
 import torch
 
-from .kv_blocks import DenseBlocks, ceil_div, load_parked, save_parked
+from superfluid.core.block_hash import chain_hash, root_hash
+
+from .kv_blocks import (DenseBlocks, ParkedKV, SlotBlocks, ceil_div, load_parked, save_parked,
+                        tensors_match)
 from .kv_parking import Parking
 from .kv_quant import QuantBlocks
 from .paged_attention import StepView
 
 
-
-def chain_hash(prev: int | None, tokens: list[int]) -> int:
-    """A full block's hash: its tokens chained on the previous block's hash, so equal hashes mean
-    equal prefixes (and so equal KV), not merely equal blocks. 64 bits of BLAKE2b, stable across
-    processes (unlike ``hash``), so KV events can name blocks."""
-    h = hashlib.blake2b(digest_size=8)
-    if prev is not None:
-        h.update(prev.to_bytes(8, "little"))
-    h.update(array("q", tokens).tobytes())
-    return int.from_bytes(h.digest(), "little")
-
-
-@dataclass
-class _Slot:
-    table: list[int] = field(default_factory=list)   # block ids, position p in table[p // bs]
-    length: int = 0                                  # reserved positions
-    computed: int = 0                                # positions whose KV all layers wrote
-    tokens: list[int] = field(default_factory=list)  # noted token ids, <= length of them
-    hashes: list[int] = field(default_factory=list)  # chained hashes of the leading full blocks
-
-
-class PagedKV(Parking):
+class PagedKV:
     """The paged KV pool (see the module docstring). ``bits`` 0 stores ``dtype``; 8 or 4 store
     quantized codes (``kv_quant``). ``max_gather_tokens`` caps the key rows one decode
     attention call gathers (``StepView``). ``scratch``: the store holds one block more, which no
@@ -81,10 +61,12 @@ class PagedKV(Parking):
             self.store = QuantBlocks(**dims, bits=bits)
         self._ref = [0] * n_blocks
         self._free = list(range(n_blocks - 1, -1, -1))   # pop() hands out low ids first
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, SlotBlocks] = {}
         self._by_hash: dict[int, int] = {}               # hash -> live full block holding it
         self._hash_of: dict[int, int] = {}               # block -> its registered hash
-        self._init_parking(block_bytes=self.store.nbytes // (n_blocks + bool(scratch)))
+        self._root = root_hash("basert", block_size)     # the names never leave the pool: one root
+        self.block_bytes = self.store.nbytes // (n_blocks + bool(scratch))   # one block, on the device
+        self.parking = Parking(self)
 
     # ---- sizing and queries -------------------------------------------------------------
 
@@ -112,12 +94,9 @@ class PagedKV(Parking):
         s = self._slots.get(slot)
         return list(s.tokens) if s else []
 
-    def block_hashes(self, slot: int) -> list[int]:
-        s = self._slots.get(slot)
-        return list(s.hashes) if s else []
-
     def block_table(self, slot: int) -> list[int]:
-        """The slot's physical block ids (for tests and diagnostics)."""
+        """The slot's physical block ids, one per ``block_size`` positions (what a host copy of
+        the slot copies)."""
         s = self._slots.get(slot)
         return list(s.table) if s else []
 
@@ -160,14 +139,14 @@ class PagedKV(Parking):
         if h is not None and self._by_hash.get(h) == b:
             del self._by_hash[h]
 
-    def _view(self, slot: int) -> _Slot:
+    def _view(self, slot: int) -> SlotBlocks:
         """The slot's state, an empty one (not stored) for a slot never used."""
-        return self._slots.get(slot) or _Slot()
+        return self._slots.get(slot) or SlotBlocks()
 
-    def _slot(self, slot: int) -> _Slot:
+    def _slot(self, slot: int) -> SlotBlocks:
         s = self._slots.get(slot)
         if s is None:
-            s = self._slots[slot] = _Slot()
+            s = self._slots[slot] = SlotBlocks()
         return s
 
     # ---- slot edits --------------------------------------------------------------------------
@@ -203,11 +182,11 @@ class PagedKV(Parking):
             return
         self._slots[dst] = self._held_copy(s, pos)
 
-    def _held_copy(self, s: _Slot, pos: int) -> _Slot:
+    def _held_copy(self, s: SlotBlocks, pos: int) -> SlotBlocks:
         """A new holder of ``s``'s first ``min(pos, length)`` positions: its blocks by reference."""
         n = min(max(pos, 0), s.length)
-        d = _Slot(table=s.table[:ceil_div(n, self.block_size)], length=n, computed=min(s.computed, n),
-                  tokens=s.tokens[:n], hashes=s.hashes[:n // self.block_size])
+        d = SlotBlocks(table=s.table[:ceil_div(n, self.block_size)], length=n, computed=min(s.computed, n),
+                       tokens=s.tokens[:n], hashes=s.hashes[:n // self.block_size])
         for b in d.table:
             self._ref[b] += 1
         return d
@@ -228,7 +207,7 @@ class PagedKV(Parking):
                                  f"length {self.length(slot)}")
         need, freed = self._room(rows)
         while need > len(self._free) + freed:
-            if not self._spill_one():
+            if not self.parking.spill_oldest():
                 return False
             need, freed = self._room(rows)
         for slot, start, _ in rows:
@@ -328,14 +307,14 @@ class PagedKV(Parking):
         s.tokens[start:start + len(tokens)] = list(tokens)
         self._hash_blocks(s)
 
-    def _hash_blocks(self, s: _Slot) -> None:
+    def _hash_blocks(self, s: SlotBlocks) -> None:
         """Hash each newly full, noted and computed block; a hash a live block already holds
         makes this slot point to that block and frees its own."""
         bs = self.block_size
         ready = min(len(s.tokens), s.computed) // bs
         while len(s.hashes) < ready:
             i = len(s.hashes)
-            h = chain_hash(s.hashes[-1] if s.hashes else None, s.tokens[i * bs:(i + 1) * bs])
+            h = chain_hash(s.hashes[-1] if s.hashes else self._root, s.tokens[i * bs:(i + 1) * bs])
             b = s.table[i]
             live = self._by_hash.get(h)
             if live is None:
@@ -347,6 +326,52 @@ class PagedKV(Parking):
                 s.table[i] = live
                 self._release(b)
             s.hashes.append(h)
+
+    # ---- holders other than slots (what ``parking`` holds) -----------------------------------
+
+    def hold(self, slot: int) -> SlotBlocks:
+        """A new holder of the slot's blocks, by reference, listed nowhere in the pool: its
+        blocks stay out of the free list until the holder is let go (``let_go``)."""
+        s = self._view(slot)
+        return self._held_copy(s, s.length)
+
+    def let_go(self, held: SlotBlocks) -> None:
+        for b in held.table:
+            self._release(b)
+
+    def would_free(self, held: SlotBlocks) -> bool:
+        """Whether letting ``held`` go would free a block (it is some block's only holder)."""
+        return any(self._ref[b] == 1 for b in held.table)
+
+    def adopt(self, slot: int, held: SlotBlocks, length: int) -> None:
+        """``slot`` := ``held``'s first ``length`` positions, its blocks by reference."""
+        self.clear(slot)
+        self._slots[slot] = self._held_copy(held, length)
+
+    def fill(self, slot: int, parked: ParkedKV) -> bool:
+        """``slot`` := a host copy, in fresh blocks (parking spills its oldest kept entries for
+        the room if need be). The slot is meant to be cleared; if it is not, what it holds is
+        replaced (its blocks count towards the room). False, changing nothing, if the geometry
+        differs or the blocks cannot hold it."""
+        n_blk = ceil_div(parked.length, self.block_size)
+        if parked.meta != self.meta or not tensors_match(parked, n_blk):
+            return False
+        while n_blk > len(self._free) + self._freed_by_clearing(slot):
+            if not self.parking.spill_oldest():
+                return False
+        self.clear(slot)
+        s = self._slot(slot)
+        s.table = [self._alloc() for _ in range(n_blk)]
+        if n_blk:
+            self.store.load(s.table, parked.tensors)
+        s.length = s.computed = parked.length
+        s.tokens = list(parked.tokens)
+        self._hash_blocks(s)
+        return True
+
+    def _freed_by_clearing(self, slot: int) -> int:
+        held = self._slots.get(slot)
+        return sum(1 for b in set(held.table) if self._ref[b] == 1) if held else 0
 
     # the park file format lives beside ParkedKV (kv_blocks): a pool reads and writes it
     save = staticmethod(save_parked)

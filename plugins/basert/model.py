@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shape import SUPPORTED_ARCHS, ModelShape
+from .shape import SUPPORTED_ARCHS, ModelShape, expected_shapes
+from .weights import read_weights
 
 __all__ = ["SUPPORTED_ARCHS", "Attention", "Transformer", "load", "random_model", "rope_inv_freq"]
 
@@ -199,36 +200,11 @@ def build(shape: ModelShape, tensors: dict[str, torch.Tensor], device: torch.dev
     return model.eval()
 
 
-def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model needs, by internal name, with its shape."""
-    h, d, ff = shape.hidden_size, shape.head_dim, shape.intermediate_size
-    q_out, kv_out = shape.n_heads * d, shape.n_kv_heads * d
-    out: dict[str, tuple[int, ...]] = {"embed.weight": (shape.vocab_size, h), "norm.weight": (h,)}
-    if not shape.tie_embeddings:
-        out["head.weight"] = (shape.vocab_size, h)
-    for i in range(shape.n_layers):
-        p = f"layers.{i}."
-        out.update({p + "attn_norm.weight": (h,), p + "q.weight": (q_out, h), p + "k.weight": (kv_out, h),
-                    p + "v.weight": (kv_out, h), p + "o.weight": (h, q_out), p + "ffn_norm.weight": (h,),
-                    p + "gate.weight": (ff, h), p + "up.weight": (ff, h), p + "down.weight": (h, ff)})
-        if shape.qkv_bias:
-            out.update({p + "q.bias": (q_out,), p + "k.bias": (kv_out,), p + "v.bias": (kv_out,)})
-        if shape.o_bias:
-            out[p + "o.bias"] = (h,)
-        if shape.qk_norm:
-            out.update({p + "q_norm.weight": (d,), p + "k_norm.weight": (d,)})
-        if shape.sandwich_norm:
-            out.update({p + "post_attn_norm.weight": (h,), p + "post_ffn_norm.weight": (h,)})
-    return out
-
-
 def load(path: str, *, name: str, device: torch.device | str, dtype: torch.dtype) -> Transformer:
     """Load a .gguf file or an HF directory (config.json + safetensors) onto ``device``.
 
     Everything is read and checked on the CPU first, so a bad file raises ConfigError (its
     message starts ``model {name!r}:``) before anything reaches the device."""
-    from .weights import read_weights
-
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype must be float32 or bfloat16, not {dtype}")
     shape, tensors = read_weights(path, name=name, dtype=dtype)

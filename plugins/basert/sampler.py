@@ -32,7 +32,6 @@ Measured on SmolLM2's real rows (49k tokens, one CPU thread): 0.8-1.5 ms a token
 
 from __future__ import annotations
 
-import collections
 import copy
 from typing import Sequence
 
@@ -44,54 +43,11 @@ from superfluid.core.logits import apply_bias, token_logprob
 from superfluid.core.request import SamplingParams
 from superfluid.core.tick import TokenLogprob
 
-from .sampling_math import choose, draw_host, draw_params, penalize, penalty_tables, sorted_rows, top_exact, totals
+from .sampling_math import (PenaltyWindow, choose, draw_host, draw_params, penalize, penalty_tables, sorted_rows,
+                            top_exact, totals)
 
 DEVICE_CHUNK = 32  # rows sorted together on the device: bounds the transient memory (~4.5 MB a row at 150k)
 EXACT_IDS = 1 << 24  # token ids travel as float32 in the packed transfers: exact below this
-
-
-class _Window:
-    """The last ``size`` tokens a lane saw (``None``: all of them) and how often each occurs
-    there, kept incrementally so a step costs O(distinct tokens), not O(window)."""
-
-    def __init__(self, size: int | None):
-        self.size = size
-        self.tokens: collections.deque[int] = collections.deque()
-        self.counts: dict[int, int] = {}
-        self._table: tuple[np.ndarray, np.ndarray] | None = None
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        if not tokens:
-            return
-        self._table = None
-        for token in tokens:
-            token = int(token)
-            self.tokens.append(token)
-            self.counts[token] = self.counts.get(token, 0) + 1
-            if self.size is not None and len(self.tokens) > self.size:
-                old = self.tokens.popleft()
-                left = self.counts[old] - 1
-                if left:
-                    self.counts[old] = left
-                else:
-                    del self.counts[old]
-
-    def extended(self, tokens: Sequence[int]) -> _Window:
-        """A copy with ``tokens`` added (this window unchanged)."""
-        twin = _Window(self.size)
-        twin.tokens = collections.deque(self.tokens)
-        twin.counts = dict(self.counts)
-        twin._table = self._table
-        twin.extend(tokens)
-        return twin
-
-    def table(self) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, counts), one entry per distinct token in the window."""
-        if self._table is None:
-            n = len(self.counts)
-            self._table = (np.fromiter(self.counts.keys(), dtype=np.int64, count=n),
-                           np.fromiter(self.counts.values(), dtype=np.float32, count=n))
-        return self._table
 
 
 class _FixedDraw:
@@ -131,7 +87,7 @@ class LaneSampler:
         self.plain = params.plain
         self.constraint = constraint
         self.penalized = params.uses_penalties and params.penalty_last_n != 0
-        self.window = _Window(None if params.penalty_last_n < 0 else params.penalty_last_n) if self.penalized else None
+        self.window = PenaltyWindow(params) if self.penalized else None
         if self.window is not None and history:
             self.window.extend(history)
         seed = None if params.seed is None else params.seed & ((1 << 64) - 1)  # None: fresh entropy
@@ -258,12 +214,12 @@ class _Device:
         drawn = [j for j, s in enumerate(lanes) if not s.greedy]
         parts: dict[str, np.ndarray] = {"index": np.asarray(index, np.float32)}
         parts.update(_bias_table(lanes, vocab))
-        pen = penalty_tables(lanes)
+        pen = penalty_tables([s.window for s in lanes])
         if pen is not None:
             parts.update(pen)
         if drawn:
             parts.update({f"draw_{k}": v for k, v in
-                          draw_params([lanes[j] for j in drawn], [lanes[j].uniform() for j in drawn]).items()})
+                          draw_params([lanes[j].params for j in drawn], [lanes[j].uniform() for j in drawn]).items()})
             parts["drawn"] = np.asarray(drawn, np.float32)
         self.want = [j for j, s in enumerate(lanes) if s.params.logprobs is not None]
         if self.want:
@@ -272,7 +228,7 @@ class _Device:
         raw = logits.index_select(0, sent["index"].long())
         rows = raw.clone() if self.want else raw  # raw stays the model's own for the logprobs
         _apply_bias(rows, sent)
-        penalize(rows, lanes, sent)
+        penalize(rows, sent)
         tokens = rows.argmax(dim=-1)
         if drawn:
             prm = {k[5:]: v for k, v in sent.items() if k.startswith("draw_")}
@@ -330,11 +286,13 @@ def _host_row(raw: np.ndarray, lane: LaneSampler) -> tuple[int, TokenLogprob | N
     if lane.constraint is not None:
         lane.constraint.mask(row)
     t = torch.from_numpy(row)[None]
-    penalize(t, [lane])
+    pen = penalty_tables([lane.window])
+    if pen is not None:
+        penalize(t, {k: torch.from_numpy(v) for k, v in pen.items()})
     if lane.greedy:
         token = int(t[0].argmax())
     else:
-        prm = {k: torch.from_numpy(v) for k, v in draw_params([lane], [lane.uniform()]).items()}
+        prm = {k: torch.from_numpy(v) for k, v in draw_params([lane.params], [lane.uniform()]).items()}
         token = draw_host(t, prm)
     entry = None if lane.params.logprobs is None else token_logprob(raw, token, lane.params.logprobs)
     return token, entry

@@ -1,29 +1,73 @@
 """The sampling math basert's host and device paths share (:mod:`.sampler` says where each row
-goes): llama.cpp's penalties, the filter chain's totals, and the inverse-CDF pick over a sorted
-prefix of a row, so one seeded lane draws the same token whichever path samples it."""
+goes): llama.cpp's penalties and the window of tokens they count, the filter chain's totals, and
+the inverse-CDF pick over a sorted prefix of a row, so one seeded lane draws the same token
+whichever path samples it. It reads lanes' parameters (``SamplingParams``) and windows, never a
+sampler: the sampler builds on it, not the other way round."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+import collections
+from typing import Sequence
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from .sampler import LaneSampler
+from superfluid.core.request import SamplingParams
 
 HOST_PREFIX = 256  # the host's first candidate prefix
 
 
-def penalize(rows: torch.Tensor, lanes: Sequence[LaneSampler | None], pack: dict | None = None) -> None:
+class PenaltyWindow:
+    """The tokens a lane's penalties see: the last ``params.penalty_last_n`` it saw (all of
+    them when negative) and how often each occurs there, kept incrementally so a step costs
+    O(distinct tokens), not O(window); ``params`` also holds the penalties themselves."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.size = None if params.penalty_last_n < 0 else params.penalty_last_n
+        self.tokens: collections.deque[int] = collections.deque()
+        self.counts: dict[int, int] = {}
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        if not tokens:
+            return
+        self._table = None
+        for token in tokens:
+            token = int(token)
+            self.tokens.append(token)
+            self.counts[token] = self.counts.get(token, 0) + 1
+            if self.size is not None and len(self.tokens) > self.size:
+                old = self.tokens.popleft()
+                left = self.counts[old] - 1
+                if left:
+                    self.counts[old] = left
+                else:
+                    del self.counts[old]
+
+    def extended(self, tokens: Sequence[int]) -> PenaltyWindow:
+        """A copy with ``tokens`` added (this window unchanged)."""
+        twin = PenaltyWindow(self.params)
+        twin.tokens = collections.deque(self.tokens)
+        twin.counts = dict(self.counts)
+        twin._table = self._table
+        twin.extend(tokens)
+        return twin
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, counts), one entry per distinct token in the window."""
+        if self._table is None:
+            n = len(self.counts)
+            self._table = (np.fromiter(self.counts.keys(), dtype=np.int64, count=n),
+                           np.fromiter(self.counts.values(), dtype=np.float32, count=n))
+        return self._table
+
+
+def penalize(rows: torch.Tensor, pack: dict[str, torch.Tensor]) -> None:
     """llama.cpp's penalties, in place: a logit of a token in the window is divided by
     ``repeat_penalty`` if positive, multiplied if not, then lowered by ``count * frequency +
-    presence``. ``pack``: the tables already on the device (:func:`_upload`)."""
-    if pack is None:
-        pack = penalty_tables(lanes)
-        if pack is None:
-            return
-        pack = {k: torch.from_numpy(v).to(rows.device) for k, v in pack.items()}
+    presence``. ``pack``: :func:`penalty_tables` as tensors on the rows' device (no ``pen_row``:
+    no row is penalized)."""
     if "pen_row" not in pack:
         return
     r, tok, count = pack["pen_row"].long(), pack["pen_tok"].long(), pack["pen_count"]
@@ -33,19 +77,20 @@ def penalize(rows: torch.Tensor, lanes: Sequence[LaneSampler | None], pack: dict
     rows[r, tok] = logit
 
 
-def penalty_tables(lanes: Sequence[LaneSampler | None]) -> dict[str, np.ndarray] | None:
+def penalty_tables(windows: Sequence[PenaltyWindow | None]) -> dict[str, np.ndarray] | None:
+    """Row i's penalized tokens, their counts and its penalties (None: no row is penalized)."""
     rows, toks, counts = [], [], []
-    rep = np.ones(len(lanes), np.float32)
-    freq = np.zeros(len(lanes), np.float32)
-    pres = np.zeros(len(lanes), np.float32)
-    for i, lane in enumerate(lanes):
-        if lane is None or lane.window is None or not lane.window.counts:
+    rep = np.ones(len(windows), np.float32)
+    freq = np.zeros(len(windows), np.float32)
+    pres = np.zeros(len(windows), np.float32)
+    for i, window in enumerate(windows):
+        if window is None or not window.counts:
             continue
-        t, c = lane.window.table()
+        t, c = window.table()
         rows.append(np.full(t.shape[0], i, np.float32))
         toks.append(t.astype(np.float32))
         counts.append(c)
-        p = lane.params
+        p = window.params
         rep[i], freq[i], pres[i] = p.repeat_penalty, p.frequency_penalty, p.presence_penalty
     if not rows:
         return None
@@ -53,13 +98,13 @@ def penalty_tables(lanes: Sequence[LaneSampler | None]) -> dict[str, np.ndarray]
             "pen_rep": rep, "pen_freq": freq, "pen_pres": pres}
 
 
-def draw_params(lanes: Sequence[LaneSampler], uniforms: Sequence[float]) -> dict[str, np.ndarray]:
+def draw_params(params: Sequence[SamplingParams], uniforms: Sequence[float]) -> dict[str, np.ndarray]:
     """Per row: the uniform, 1/temperature, top-k, top-p and min-p, float32 as both paths use them."""
     return {"u": np.asarray(uniforms, np.float32),
-            "inv_t": np.asarray([1.0 / s.params.temperature for s in lanes], np.float32),
-            "top_k": np.asarray([s.params.top_k for s in lanes], np.float32),
-            "top_p": np.asarray([s.params.top_p for s in lanes], np.float32),
-            "min_p": np.asarray([s.params.min_p for s in lanes], np.float32)}
+            "inv_t": np.asarray([1.0 / p.temperature for p in params], np.float32),
+            "top_k": np.asarray([p.top_k for p in params], np.float32),
+            "top_p": np.asarray([p.top_p for p in params], np.float32),
+            "min_p": np.asarray([p.min_p for p in params], np.float32)}
 
 
 def totals(rows: torch.Tensor, inv_t: torch.Tensor, keep_p: bool = False

@@ -1,4 +1,5 @@
-"""The shape of a basert transformer: every number the model, the KV pool and the rooflines need.
+"""The shape of a basert transformer: every number the model, the KV pool and the rooflines need,
+and every tensor the model holds (``expected_shapes``, what the weight readers check files against).
 
 One frozen record per model, built from an HF ``config.json`` (``ModelShape.from_hf_config``) or
 from GGUF metadata (``weights.py``), so that the four supported architectures (llama, qwen2, qwen3,
@@ -73,10 +74,6 @@ class ModelShape:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
 
-    def kv_bytes_per_token(self, bytes_per_value: float) -> float:
-        """K and V of one token across all layers: what the KV pool sizes its blocks by."""
-        return self.n_layers * 2 * self.n_kv_heads * self.head_dim * bytes_per_value
-
     def param_count(self) -> int:
         """Parameters (norms and biases included), counting a tied head once."""
         h, d = self.hidden_size, self.head_dim
@@ -137,6 +134,30 @@ class ModelShape:
             activation=_activation(config.get("hidden_activation") or config.get("hidden_act") or "silu", name),
             embed_scale=math.sqrt(hidden) if gemma else 1.0,
         )
+
+
+def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, by internal name (``model.Transformer``'s parameter names),
+    with its shape: the shape decides them, and both the model and the weight readers use them."""
+    h, d, ff = shape.hidden_size, shape.head_dim, shape.intermediate_size
+    q_out, kv_out = shape.n_heads * d, shape.n_kv_heads * d
+    out: dict[str, tuple[int, ...]] = {"embed.weight": (shape.vocab_size, h), "norm.weight": (h,)}
+    if not shape.tie_embeddings:
+        out["head.weight"] = (shape.vocab_size, h)
+    for i in range(shape.n_layers):
+        p = f"layers.{i}."
+        out.update({p + "attn_norm.weight": (h,), p + "q.weight": (q_out, h), p + "k.weight": (kv_out, h),
+                    p + "v.weight": (kv_out, h), p + "o.weight": (h, q_out), p + "ffn_norm.weight": (h,),
+                    p + "gate.weight": (ff, h), p + "up.weight": (ff, h), p + "down.weight": (h, ff)})
+        if shape.qkv_bias:
+            out.update({p + "q.bias": (q_out,), p + "k.bias": (kv_out,), p + "v.bias": (kv_out,)})
+        if shape.o_bias:
+            out[p + "o.bias"] = (h,)
+        if shape.qk_norm:
+            out.update({p + "q_norm.weight": (d,), p + "k_norm.weight": (d,)})
+        if shape.sandwich_norm:
+            out.update({p + "post_attn_norm.weight": (h,), p + "post_ffn_norm.weight": (h,)})
+    return out
 
 
 def _opt_float(value: Any) -> float | None:

@@ -29,8 +29,7 @@ import torch
 
 from superfluid.core.errors import ConfigError
 
-from .model import expected_shapes
-from .shape import SUPPORTED_ARCHS, ModelShape, RopeScaling, parse_rope_scaling
+from .shape import SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, parse_rope_scaling
 
 # Quantization types read (via gguf.quants.dequantize). Others are refused by name.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",

@@ -12,8 +12,9 @@ are only names it maps to those keys, to resolve later parents and ``BlockRemove
 be stable, 64-bit, never 0, chained (a block's name depends on every token before it) and
 published before a block names them as parent; the ``token_ids`` must be exactly the cached
 tokens of each full block; and ``--kv-events-block-size`` must equal the scorer's
-``blockSizeTokens``. ``blocks.py`` says how they are computed; ``wire.py`` the message layout;
-``publisher.py`` the socket and the topic."""
+``blockSizeTokens``. ``superfluid.core.block_hash`` says how they are computed; ``blocks.py``
+which blocks are published and when; ``wire.py`` the message layout; ``publisher.py`` the socket
+and the topic."""
 
 from __future__ import annotations
 

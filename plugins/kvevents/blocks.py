@@ -3,10 +3,10 @@ holder, a slot or a host-tier entry, now holds these tokens, or nothing) becomes
 events (:mod:`.wire`).
 
 A holder's tokens are cut into full blocks of ``block_size`` tokens (a partial last block is not
-published, as in vLLM) and each block is named by a chained hash: BLAKE2b-64 of the previous
-block's hash and the block's token ids, the first block chained on a root hash of the model's
-name and the block size. Equal hashes therefore mean equal token sequences from the start, and a
-block's ``parent_block_hash`` is the hash of the block before it.
+published, as in vLLM) and each block is named by the core's chained block hash
+(:mod:`superfluid.core.block_hash`, chained from a root of the model's name and the block size).
+Equal hashes therefore mean equal token sequences from the start, and a block's
+``parent_block_hash`` is the hash of the block before it.
 
 Blocks are counted per medium: a block two slots hold is published once, and removed when its
 last holder lets it go. The blocks a medium holds are prefix-closed (a holder holds whole chains
@@ -15,43 +15,11 @@ one ``BlockStored`` whose parent is a block already published."""
 
 from __future__ import annotations
 
-import hashlib
-import sys
-from array import array
-from collections.abc import Sequence
+from superfluid.core.block_hash import block_hashes, root_hash
 
 from .wire import AllBlocksCleared, BlockRemoved, BlockStored, WireEvent
 
 MEDIA = {"gpu": "GPU", "cpu": "CPU"}  # the core's media, as vLLM names them on the wire
-
-
-def root_hash(model: str, block_size: int) -> int:
-    """What a sequence's first block chains on: the model and the block size, so two models (or
-    block sizes) never share a block name in an indexer that maps block names across nodes."""
-    digest = hashlib.blake2b(f"superfluid-kv:{model}:{block_size}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
-def block_hashes(root: int, tokens: Sequence[int], block_size: int) -> list[int]:
-    """The chained hashes of the full blocks of ``tokens``: block i is BLAKE2b-64 (digest read
-    big-endian) of the previous hash (8 bytes big-endian; ``root`` before the first block) and the
-    block's token ids as little-endian signed 64-bit integers. Never 0 (0 means "no parent" to
-    llm-d)."""
-    n = len(tokens) // block_size
-    if n == 0:
-        return []
-    ids = array("q", tokens[:n * block_size])
-    if sys.byteorder == "big":
-        ids.byteswap()
-    raw = memoryview(ids.tobytes())
-    step = block_size * 8
-    out, parent = [], root
-    for i in range(n):
-        h = hashlib.blake2b(parent.to_bytes(8, "big"), digest_size=8)
-        h.update(raw[i * step:(i + 1) * step])
-        parent = int.from_bytes(h.digest(), "big") or 1
-        out.append(parent)
-    return out
 
 
 class BlockLedger:

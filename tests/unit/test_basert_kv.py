@@ -212,18 +212,17 @@ def test_identical_prefixes_dedupe_and_outputs_stay():
           for _ in range(L)]
     pool, ref = make_pool(), Dense()
     run_step(pool, ref, [(0, 0, 11)], gen, kv=kv, tokens={0: ids})
-    assert len(pool.block_hashes(0)) == 2 and pool.used_blocks() == 3
+    assert pool.used_blocks() == 3
     # the same prefix computed again in another slot, ids noted before the forward this time
     assert pool.reserve([(1, 0, 11)])
     pool.note_tokens(1, 0, ids)
-    assert pool.used_blocks() == 6 and pool.block_hashes(1) == []   # no KV yet: no hash
+    assert pool.used_blocks() == 6                  # no KV yet: nothing hashed, nothing shared
     view = pool.begin_step([(1, 0, 11)])
     ref.truncate(1, 0)
     for layer in range(L):
         q = torch.randn(11, HQ, D, generator=gen)
         view.attend(layer, q, *kv[layer], window=None, scale=SCALE, softcap=None)
         ref.step([(1, 0, 11)], layer, q, *kv[layer], None, None)
-    assert pool.block_hashes(1) == pool.block_hashes(0)
     assert pool.used_blocks() == 4                  # the 2 full blocks count once
     assert pool.block_table(1)[:2] == pool.block_table(0)[:2]
     # both continue; writes past the shared full blocks need no copy
@@ -232,8 +231,6 @@ def test_identical_prefixes_dedupe_and_outputs_stay():
     # different ids in the second block: only the first block is shared
     other = ids[:4] + [7] * 7
     run_step(pool, ref, [(2, 0, 11)], gen, kv=kv, tokens={2: other})
-    assert pool.block_hashes(2)[0] == pool.block_hashes(0)[0]
-    assert pool.block_hashes(2)[1] != pool.block_hashes(0)[1]
     assert pool.block_table(2)[0] == pool.block_table(0)[0]
     assert pool.block_table(2)[1] != pool.block_table(0)[1]
     outs, refs = run_step(pool, ref, [(2, 11, 1), (0, 12, 1)], gen)
@@ -244,7 +241,7 @@ def test_identical_prefixes_dedupe_and_outputs_stay():
     outs, refs = run_step(pool, ref, [(1, 6, 1), (0, 13, 1)], gen)
     assert_close(outs, refs)
     assert pool.block_table(1)[1] != pool.block_table(0)[1]
-    assert pool.block_hashes(1) == pool.block_hashes(0)[:1]
+    assert pool.block_table(1)[0] == pool.block_table(0)[0]
 
 
 def test_truncate_frees_blocks_and_keeps_prefix():
@@ -255,11 +252,11 @@ def test_truncate_frees_blocks_and_keeps_prefix():
     pool.truncate(0, 4)
     ref.truncate(0, 4)
     assert pool.used_blocks() == 1 and pool.length(0) == 4
-    assert pool.tokens(0) == [0, 1, 2, 3] and len(pool.block_hashes(0)) == 1
+    assert pool.tokens(0) == [0, 1, 2, 3]
     outs, refs = run_step(pool, ref, [(0, 4, 1)], gen)
     assert_close(outs, refs)
     pool.truncate(0, 3)                              # into a block: it stays held
-    assert pool.used_blocks() == 1 and pool.block_hashes(0) == []
+    assert pool.used_blocks() == 1
     pool.truncate(0, 0)
     assert pool.used_blocks() == 0 and pool.length(0) == 0
 
@@ -311,10 +308,10 @@ def test_park_round_trip(bits):
     for p, g in ((pool, gen), (twin, twin_gen)):
         run_step(p, None, [(0, 0, 9)], g, tokens={0: ids[:9]})
         run_step(p, None, [(0, 9, 4)], g, tokens={0: ids[9:]})
-    parked = pool.export(0)
+    parked = pool.parking.export(0)
     assert parked.length == 13 and parked.tokens == ids
     assert all(t.device.type == "cpu" for t in parked.tensors.values())
-    assert parked.nbytes == pool.store.nbytes * 4 // pool.n_blocks   # 4 blocks of 16
+    assert parked.nbytes == pool.store.nbytes * 4 // pool.n_blocks       # 4 blocks of 16
     buf = io.BytesIO()
     PagedKV.save(parked, buf)
     buf.seek(0)
@@ -324,9 +321,10 @@ def test_park_round_trip(bits):
         assert torch.equal(loaded.tensors[name], t)
     pool.clear(0)
     assert pool.used_blocks() == 0
-    assert pool.import_(3, loaded)
+    assert pool.parking.import_(3, loaded)
     assert pool.length(3) == 13 and pool.tokens(3) == ids
-    assert pool.block_hashes(3) == twin.block_hashes(0) and len(pool.block_hashes(3)) == 3
+    assert pool.parking.import_(4, loaded) and pool.used_blocks() == 5   # its 3 full blocks are hashed:
+    pool.clear(4)                                                        # a second copy shares them
     outs, _ = run_step(pool, None, [(3, 13, 1)], gen)
     twin_outs, _ = run_step(twin, None, [(0, 13, 1)], twin_gen)
     for o, t in zip(outs, twin_outs):
@@ -340,18 +338,18 @@ def test_a_kept_park_holds_its_blocks_and_comes_back_without_a_copy(bits):
     ids = list(range(13))
     for p, g in ((pool, gen), (twin, twin_gen)):
         run_step(p, None, [(0, 0, 13)], g, tokens={0: ids})
-    host = pool.export(0)
-    kept = pool.keep(0)
-    assert kept.tensors is None and pool.kept(kept)
+    host = pool.parking.export(0)
+    kept = pool.parking.keep(0)
+    assert kept.tensors is None and pool.parking.kept(kept)
     assert kept.nbytes == host.nbytes and (kept.length, kept.tokens, kept.meta) == (13, ids, host.meta)
     pool.clear(0)
-    assert pool.used_blocks() == 4 and pool.used_cells() == 0   # held by the entry, no slot's
-    assert pool.import_(3, kept)
-    assert pool.used_blocks() == 4                              # the same blocks, no copy
-    assert pool.tokens(3) == ids and pool.block_hashes(3) == twin.block_hashes(0)
-    pool.forget(kept)
-    assert not pool.kept(kept) and pool.used_blocks() == 4      # slot 3 holds them now
-    outs, _ = run_step(pool, None, [(3, 13, 1)], gen)           # writes the shared partial block
+    assert pool.used_blocks() == 4 and pool.used_cells() == 0           # held by the entry, no slot's
+    assert pool.parking.import_(3, kept)
+    assert pool.used_blocks() == 4                                      # the same blocks, no copy
+    assert pool.tokens(3) == ids
+    pool.parking.forget(kept)
+    assert not pool.parking.kept(kept) and pool.used_blocks() == 4      # slot 3 holds them now
+    outs, _ = run_step(pool, None, [(3, 13, 1)], gen)                   # writes the shared partial block
     twin_outs, _ = run_step(twin, None, [(0, 13, 1)], twin_gen)
     for o, t in zip(outs, twin_outs):
         assert torch.equal(o, t)
@@ -360,19 +358,19 @@ def test_a_kept_park_holds_its_blocks_and_comes_back_without_a_copy(bits):
 def test_a_step_short_of_room_spills_the_oldest_kept_entry_to_host_memory():
     gen = torch.Generator().manual_seed(8)
     pool = make_pool(n_blocks=8)
-    run_step(pool, None, [(0, 0, 9), (1, 0, 9)], gen)           # 3 blocks each
-    want = [pool.export(0).tensors, pool.export(1).tensors]
-    old, new = pool.keep(0), pool.keep(1)
+    run_step(pool, None, [(0, 0, 9), (1, 0, 9)], gen)                   # 3 blocks each
+    want = [pool.parking.export(0).tensors, pool.parking.export(1).tensors]
+    old, new = pool.parking.keep(0), pool.parking.keep(1)
     pool.clear(0)
     pool.clear(1)
     assert pool.free_blocks() == 2
-    assert pool.reserve([(2, 0, 20)])                           # 5 blocks: the older entry goes
-    assert not pool.kept(old) and pool.kept(new) and pool.free_blocks() == 0
+    assert pool.reserve([(2, 0, 20)])                                   # 5 blocks: the older entry goes
+    assert not pool.parking.kept(old) and pool.parking.kept(new) and pool.free_blocks() == 0
     assert all(torch.equal(old.tensors[k], want[0][k]) for k in want[0])
-    assert pool.import_(3, old)                                 # 3 fresh blocks: the other goes too
-    assert not pool.kept(new) and all(torch.equal(new.tensors[k], want[1][k]) for k in want[1])
-    assert all(torch.equal(pool.export(3).tensors[k], want[0][k]) for k in want[0])
-    assert not pool.reserve([(4, 0, 8)])                        # nothing left to spill: refused
+    assert pool.parking.import_(3, old)                                 # 3 fresh blocks: the other goes too
+    assert not pool.parking.kept(new) and all(torch.equal(new.tensors[k], want[1][k]) for k in want[1])
+    assert all(torch.equal(pool.parking.export(3).tensors[k], want[0][k]) for k in want[0])
+    assert not pool.reserve([(4, 0, 8)])                                # nothing left to spill: refused
     assert pool.length(4) == 0 and pool.free_blocks() == 0
 
 
@@ -380,43 +378,43 @@ def test_a_kept_entry_shared_by_slots_stays_intact_and_forget_lets_go():
     gen = torch.Generator().manual_seed(9)
     pool = make_pool(n_blocks=16)
     run_step(pool, None, [(0, 0, 6)], gen)                      # 2 blocks, the last partial
-    kept = pool.keep(0)
-    before = pool.host_copy(kept).tensors
-    assert pool.kept(kept)                                      # a host copy leaves it kept
+    kept = pool.parking.keep(0)
+    before = pool.parking.host_copy(kept).tensors
+    assert pool.parking.kept(kept)                              # a host copy leaves it kept
     pool.clear(0)
-    assert pool.import_(1, kept) and pool.import_(2, kept)      # shared (a seed that stays parked)
+    assert pool.parking.import_(1, kept) and pool.parking.import_(2, kept)  # shared (a seed that stays parked)
     run_step(pool, None, [(1, 6, 1), (2, 6, 3)], gen)           # both write the shared partial block
-    after = pool.host_copy(kept).tensors
+    after = pool.parking.host_copy(kept).tensors
     assert all(torch.equal(before[k], after[k]) for k in before)
     used = pool.used_blocks()
-    pool.forget(kept)
+    pool.parking.forget(kept)
     assert pool.used_blocks() == used - 1   # its own copy of the partial block goes, the shared full one stays
     pool.clear(1)
     pool.clear(2)
     assert pool.used_blocks() == 0
     with pytest.raises(ValueError):
-        PagedKV.save(pool.keep(0), io.BytesIO())                # a kept entry has no host copy
+        PagedKV.save(pool.parking.keep(0), io.BytesIO())        # a kept entry has no host copy
 
 
 def test_import_refuses_without_changing_anything():
     gen = torch.Generator().manual_seed(6)
     pool = make_pool(n_blocks=4)
-    run_step(pool, None, [(0, 0, 9)], gen)           # 3 blocks
-    parked = pool.export(0)
-    assert not make_pool(8).import_(0, parked)       # stored form differs
-    assert not make_pool(block_size=8).import_(0, parked)
-    assert not pool.import_(1, parked)               # 1 free block < 3
+    run_step(pool, None, [(0, 0, 9)], gen)                    # 3 blocks
+    parked = pool.parking.export(0)
+    assert not make_pool(8).parking.import_(0, parked)        # stored form differs
+    assert not make_pool(block_size=8).parking.import_(0, parked)
+    assert not pool.parking.import_(1, parked)                # 1 free block < 3
     assert pool.length(1) == 0 and pool.free_blocks() == 1
-    empty = make_pool(n_blocks=4).export(7)           # a slot never used parks as nothing
+    empty = make_pool(n_blocks=4).parking.export(7)           # a slot never used parks as nothing
     assert empty.length == 0 and empty.nbytes == 0
-    assert pool.import_(1, empty) and pool.length(1) == 0
-    assert pool.import_(0, parked)                   # over itself: its own blocks make room
+    assert pool.parking.import_(1, empty) and pool.length(1) == 0
+    assert pool.parking.import_(0, parked)                    # over itself: its own blocks make room
     assert pool.length(0) == 9 and pool.free_blocks() == 1
     bad = ParkedKV(length=parked.length, tokens=[], meta=parked.meta,
                    tensors={"data": parked.tensors["data"][:, :, :2]})
     pool.clear(0)
-    assert not pool.import_(0, bad) and pool.free_blocks() == 4
-    assert pool.import_(0, parked)                   # dedupe: shares the live blocks it can
+    assert not pool.parking.import_(0, bad) and pool.free_blocks() == 4
+    assert pool.parking.import_(0, parked)                    # dedupe: shares the live blocks it can
 
 
 def test_corrupt_park_files_raise():
@@ -424,14 +422,14 @@ def test_corrupt_park_files_raise():
     pool = make_pool(4)
     run_step(pool, None, [(0, 0, 6)], gen)
     buf = io.BytesIO()
-    PagedKV.save(pool.export(0), buf)
+    PagedKV.save(pool.parking.export(0), buf)
     data = buf.getvalue()
     for blob in (b"", b"not a torch file", data[:len(data) // 2]):
         with pytest.raises((ValueError, OSError)):
             PagedKV.load(io.BytesIO(blob))
     wrong = io.BytesIO()
     torch.save({"format": "basert-parked-kv/1", "length": 99, "tokens": torch.tensor([1]),
-                "meta": pool.meta, "tensors": pool.export(0).tensors}, wrong)
+                "meta": pool.meta, "tensors": pool.parking.export(0).tensors}, wrong)
     wrong.seek(0)
     with pytest.raises(ValueError):
         PagedKV.load(wrong)
@@ -446,10 +444,12 @@ def test_note_tokens_checks_positions():
     with pytest.raises(ValueError):
         pool.note_tokens(0, 2, [1, 2])               # a gap: 0 and 1 not noted
     pool.note_tokens(0, 0, [1, 2, 3, 4, 5])
-    first = pool.block_hashes(0)
-    assert len(first) == 1
-    pool.note_tokens(0, 1, [9])                      # ids changed: the hash follows them
-    assert pool.tokens(0) == [1, 9, 3, 4, 5] and pool.block_hashes(0) != first
+    pool.note_tokens(0, 1, [9])                      # ids changed: the hashes follow them
+    assert pool.tokens(0) == [1, 9, 3, 4, 5]
+    ids = [1, 9, 3, 4, 5, 6, 7, 8]
+    run_step(pool, None, [(0, 5, 3)], gen, tokens={0: ids[5:]})
+    run_step(pool, None, [(1, 0, 8)], gen, tokens={1: ids})
+    assert pool.block_table(1)[1] == pool.block_table(0)[1]   # chained on the changed ids: shared
 
 
 def _quant_errors(bits):

@@ -33,7 +33,8 @@ from tests.llama_reference import all_logits, in_child  # noqa: E402
 from superfluid.core.errors import ConfigError  # noqa: E402
 from superfluid.plugins.basert import model as basert  # noqa: E402
 from superfluid.plugins.basert.dense_attention import DenseAttention  # noqa: E402
-from superfluid.plugins.basert.shape import ModelShape  # noqa: E402
+from superfluid.plugins.basert.kv_pool import PagedKV  # noqa: E402
+from superfluid.plugins.basert.shape import ModelShape, expected_shapes  # noqa: E402
 from tools.bench.basert_reference import transformers_from_gguf  # noqa: E402
 
 TOL = 1e-4
@@ -270,7 +271,8 @@ LLAMA_31_8B = {
 def test_shape_of_llama_31_8b():
     shape = ModelShape.from_hf_config(LLAMA_31_8B)
     assert shape.arch == "llama" and shape.head_dim == 128 and shape.windows == (None,) * 32
-    assert shape.kv_bytes_per_token(2) == 32 * 2 * 8 * 128 * 2
+    assert PagedKV.bytes_per_token(shape.n_layers, shape.n_kv_heads, shape.head_dim, torch.bfloat16, 0) == \
+        32 * 2 * 8 * 128 * 2
     assert shape.param_count() == 8_030_261_248  # the published count
     assert shape.weight_bytes(2) == 2 * 8_030_261_248
     assert math.isclose(shape.attn_scale, 128 ** -0.5)
@@ -398,7 +400,7 @@ def _write_converted_gguf(hf, arch: str, path: Path) -> None:
     if shape.rope_scaling is not None:  # llama.cpp's converter: per-frequency divisors
         plain = basert.rope_inv_freq(attrs.evolve(shape, rope_scaling=None), local=False)
         w.add_tensor("rope_freqs.weight", (plain / basert.rope_inv_freq(shape, local=False)).numpy())
-    for key in basert.expected_shapes(shape):
+    for key in expected_shapes(shape):
         data = state[weights._hf_name(key, shape)]
         kind = key.split(".")[-2]
         if arch == "llama" and kind in ("q", "k"):

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from superfluid.core.logits import token_logprob  # noqa: E402
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams  # noqa: E402
 from superfluid.plugins.basert import sampler as S  # noqa: E402
+from superfluid.plugins.basert import sampling_math as M  # noqa: E402
 from superfluid.plugins.basert.sampler import LaneSampler, sample_rows  # noqa: E402
 
 
@@ -28,7 +29,7 @@ def one_thread():
 def paths(monkeypatch):
     """Counts of rows drawn on the host and of batches on the device path."""
     seen = {"host": 0, "device": 0}
-    host, device = S.draw_host, S._Device.__init__
+    host, device = M.draw_host, S._Device.__init__
 
     def counted_host(*a, **k):
         seen["host"] += 1
@@ -224,11 +225,11 @@ def test_host_and_device_math_agree_and_follow_llama_cpp_chain():
                                 top_p=float(rng.choice([1.0, 1.0, 0.5, 0.9, 0.99])),
                                 min_p=float(rng.choice([0.0, 0.0, 0.01, 0.2])))
         u = float(rng.random()) if trial % 10 else float(1 - rng.random() * 1e-3)  # some draws deep in the tail
-        prm = {k: torch.from_numpy(v) for k, v in S.draw_params([LaneSampler(params)], [u]).items()}
-        host = S.draw_host(row, prm)
-        top, p_total, q_total, _ = S.totals(row, prm["inv_t"])
-        vals, ids = S.sorted_rows(row)
-        device, ok = S.choose(vals, ids, torch.tensor([vocab]), torch.zeros(1), vocab, top, p_total, q_total, prm)
+        prm = {k: torch.from_numpy(v) for k, v in M.draw_params([params], [u]).items()}
+        host = M.draw_host(row, prm)
+        top, p_total, q_total, _ = M.totals(row, prm["inv_t"])
+        vals, ids = M.sorted_rows(row)
+        device, ok = M.choose(vals, ids, torch.tensor([vocab]), torch.zeros(1), vocab, top, p_total, q_total, prm)
         assert bool(ok[0])
         want, margin = ref_pick(row[0].numpy(), params, u)
         if margin < 2e-6:
@@ -311,13 +312,13 @@ def test_penalties_change_exactly_the_window_s_tokens_by_llama_cpp_formula(last_
     want = penalized_ref(row, window, 1.5, 0.25, 0.5)
 
     host = torch.from_numpy(row.copy())[None]
-    S.penalize(host, [lane])
+    M.penalize(host, {k: torch.from_numpy(v) for k, v in M.penalty_tables([lane.window]).items()})
     assert np.allclose(host[0].numpy(), want, atol=1e-6)
     assert np.array_equal(host[0].numpy() != row, want != row)  # only the window's tokens moved
 
     both = torch.from_numpy(np.stack([row, row]))
-    sent = S._upload(S.penalty_tables([None, lane]), both.device)
-    S.penalize(both, [None, lane], sent)
+    sent = S._upload(M.penalty_tables([None, lane.window]), both.device)
+    M.penalize(both, sent)
     assert np.array_equal(both[0].numpy(), row)
     assert np.allclose(both[1].numpy(), want, atol=1e-6)
 
@@ -405,7 +406,7 @@ def test_lanes_asking_different_numbers_of_candidates_share_a_batch():
 def test_top_candidates_break_ties_by_lower_id():
     raw = torch.zeros(2, 50)
     raw[:, 30] = 2.0
-    vals, ids = S.top_exact(raw, 4)
+    vals, ids = M.top_exact(raw, 4)
     assert ids.tolist() == [[30, 0, 1, 2], [30, 0, 1, 2]]
 
 

@@ -23,7 +23,8 @@ import zmq
 from superfluid.core.cli import load
 from superfluid.core.errors import ConfigError
 from superfluid.core.cache_events import CacheEvent
-from superfluid.plugins.kvevents.blocks import BlockLedger, block_hashes, root_hash
+from superfluid.core.block_hash import block_hashes, chain_hash, root_hash
+from superfluid.plugins.kvevents.blocks import BlockLedger
 from superfluid.plugins.kvevents.endpoint import parse_endpoint
 from superfluid.plugins.kvevents.publisher import KVEventsPublisher
 from superfluid.plugins.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, encode_batch
@@ -93,6 +94,12 @@ def test_chained_hashes_match_the_reference():
     assert block_hashes(root_hash("smollm2", BS), tokens[:48], BS) == chain[:3]
     assert not set(block_hashes(root_hash("other", BS), tokens, BS)) & set(chain)
     assert block_hashes(root_hash("smollm2", 8), tokens, 8)[1] != chain[0]
+    # one block at a time (as basert's pool names its pages) is the same chain
+    parent, stepped = root_hash("smollm2", BS), []
+    for i in range(6):
+        parent = chain_hash(parent, tokens[i * BS:(i + 1) * BS])
+        stepped.append(parent)
+    assert stepped == chain
 
 
 # ---- the ledger -----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What parking a lane costs on basert's paged pool: a park and its restore with the pages kept
-in the pool (``PagedKV.keep``, what the engine does) against the same through a host copy
+in the pool (``Parking.keep``, what the engine does) against the same through a host copy
 (``export`` then ``import_``, what a spilled entry costs), on SmolLM2-135M's KV shape in fp32.
 
     python -m tools.bench.basert_parking [--tokens 512,2048,8192] [--bits 0] [--reps 11] [--json PATH]
@@ -52,21 +52,21 @@ def median_ms(cycle: Callable[[], None], reps: int) -> float:
 
 def one_length(tokens: int, bits: int, reps: int, shape: dict[str, int]) -> dict[str, Any]:
     pool = filled_pool(tokens, bits, shape)
-    want = pool.export(0)
+    want = pool.parking.export(0)
 
     def host_copy():
-        entry = pool.export(0)
+        entry = pool.parking.export(0)
         pool.clear(0)
-        assert pool.import_(0, entry)
+        assert pool.parking.import_(0, entry)
 
     def kept():
-        entry = pool.keep(0)
+        entry = pool.parking.keep(0)
         pool.clear(0)
-        assert pool.import_(0, entry)
-        pool.forget(entry)
+        assert pool.parking.import_(0, entry)
+        pool.parking.forget(entry)
 
     host_ms, kept_ms = median_ms(host_copy, reps), median_ms(kept, reps)
-    got = pool.export(0)
+    got = pool.parking.export(0)
     same = all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors)
     return {"tokens": tokens, "bytes": want.nbytes, "host_copy_ms": host_ms, "kept_ms": kept_ms,
             "ratio": host_ms / kept_ms if kept_ms else float("inf"), "kv_unchanged": same}
