@@ -1,8 +1,9 @@
-"""The tick as every engine runs it, inside its worker process: the plan's prelude, seeding reset
-slots, the work list, the step loop with its stop, first-token and quiet rules, and the result.
+"""The tick as every engine runs it, in its worker process or on the model's thread: the plan's
+prelude, seeding reset slots, the work list, the step loop with its stop, first-token and quiet
+rules, and the result.
 
-An engine subclasses :class:`TickRunner` and implements its primitives (its KV, its parked
-copies, its samplers and its steps); nothing here knows an engine."""
+An engine subclasses :class:`TickRunner` and implements its primitives (its KV, its samplers
+and its steps, and its parked copies if it declares parking); nothing here knows an engine."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from .stop_flag import StopFlag
 from .tick import LanePlan, LaneResult, TickPlan, TickResult
-from .worker_process import stop_requested
 
 
 class PoolFull(Exception):
@@ -145,14 +146,17 @@ class TickRunner(abc.ABC):
     ``quiet`` tick so does a lane that ended. Last the result: each lane's counts, parked bytes,
     seconds and the KV held.
 
-    An engine implements the primitives below. ``self.parked`` (park key -> the engine's host copy
-    of a slot's KV, in whatever form it keeps) and ``self.samplers`` (slot -> its sampler) are
-    shared so that the tick can restore parked KV and drop samplers; the engine's own state
-    (caches, batches, flags per slot) is its own.
+    An engine implements the primitives below. Those a capability gates have defaults for an
+    engine that does not declare it, so it writes none of them: the parked-KV ones
+    (``supports_parking``, and ``persists_kv`` for ``load``/``save``) answer that nothing is
+    parked or could be, and ``copy`` (``prefix_cache``) raises. ``self.parked`` (park key -> the
+    engine's host copy of a slot's KV, in whatever form it keeps) and ``self.samplers`` (slot ->
+    its sampler) are shared so that the tick can restore parked KV and drop samplers; the
+    engine's own state (caches, batches, flags per slot) is its own.
 
     The step primitive is :meth:`advance`: one call may run one step or many. The loop calls it
     while lanes have feed, one call per round of the loop; an engine that runs several steps in
-    one call (llama.cpp's decode rounds in C) reads ``stop_requested(self.stop_flag)`` between
+    one call (llama.cpp's decode rounds in C) asks ``self.stop_flag.stop_requested()`` between
     them and returns after a step in which a lane sampled its first token (if
     ``plan.end_after_first_token``) or a lane ended (if ``plan.quiet``), so the loop's rules see
     that step as they would a single one.
@@ -168,40 +172,43 @@ class TickRunner(abc.ABC):
     each :class:`Work` as its docstring says (:meth:`Work.sampled` per sampled token). A step the
     page pool cannot hold raises :class:`PoolFull`; a step the stop flag aborted returns False."""
 
-    def __init__(self, stop_flag, kv_capacity: int):
-        self.stop_flag = stop_flag  # the worker's shared flag bytes (see core.worker_process)
+    def __init__(self, stop_flag: StopFlag, kv_capacity: int):
+        self.stop_flag = stop_flag  # the engine's (a worker engine's is shared with the daemon)
         self.kv_capacity = kv_capacity
         self.parked: dict[str, Any] = {}
         self.samplers: dict[int, Any] = {}
 
-    # ---- primitives: parked KV -----------------------------------------------------------------
+    # ---- primitives: parked KV (supports_parking; load and save: persists_kv) ------------------
 
-    @abc.abstractmethod
     def park(self, slot: int, key: str) -> int:
-        """Copy a slot's KV into ``self.parked[key]``; the bytes held (0: it could not)."""
+        """Copy a slot's KV into ``self.parked[key]``; the bytes held (0: it could not, as
+        always without parking)."""
+        return 0
 
-    @abc.abstractmethod
     def load(self, path: str, key: str) -> int:
         """Read a park artifact file (``save``'s) into ``self.parked[key]``; its size (0: it could
-        not)."""
+        not, as always without persisted KV)."""
+        return 0
 
-    @abc.abstractmethod
     def save(self, key: str, path: str) -> int:
         """Write ``self.parked[key]`` to a park artifact file (whole or not at all); the bytes
-        written (0: nothing parked under ``key``, or it failed)."""
+        written (0: nothing parked under ``key``, or it failed, as always without persisted KV)."""
+        return 0
 
     def drop(self, key: str) -> None:
         """Forget parked KV."""
         self.parked.pop(key, None)
 
-    @abc.abstractmethod
     def parked_bytes(self) -> int:
-        """All parked KV held in host memory, in bytes."""
+        """All parked KV held in host memory, in bytes (asked after every tick; 0 without
+        parking)."""
+        return 0
 
-    @abc.abstractmethod
     def restore(self, slot: int, entry: Any) -> bool:
         """Set a cleared slot's KV from a parked entry (a value of ``self.parked``; the tick has
-        taken it out, or left it there for other lanes); False if it does not fit the slot."""
+        taken it out, or left it there for other lanes); False if it does not fit the slot, as
+        nothing does without parking."""
+        return False
 
     # ---- primitives: slots ---------------------------------------------------------------------
 
@@ -213,10 +220,12 @@ class TickRunner(abc.ABC):
         """Forget a slot's sampler."""
         self.samplers.pop(slot, None)
 
-    @abc.abstractmethod
     def copy(self, src: int, dst: int, pos: int) -> None:
         """Replace ``dst``'s KV with ``src``'s, at least its first ``pos`` tokens (``keep_prefix``
-        cuts the rest)."""
+        cuts the rest). Only a ``prefix_cache`` engine is asked to, and no no-op could stand in
+        for a copy, so by default it raises."""
+        raise NotImplementedError(f"{type(self).__name__} copies no KV between slots: its engine declares "
+                                  "no prefix_cache")
 
     @abc.abstractmethod
     def keep_prefix(self, slot: int, pos: int) -> bool:
@@ -315,7 +324,7 @@ class TickRunner(abc.ABC):
     def _steps(self, work: list[Work], plan: TickPlan, result: TickResult) -> None:
         active = [w for w in work if w.feed]
         while active:
-            if stop_requested(self.stop_flag):
+            if self.stop_flag.stop_requested():
                 result.stopped_early = True
                 break
             try:

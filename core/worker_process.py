@@ -7,26 +7,23 @@ own worker entry point and spec.
 
 The protocol: the worker is spawned as ``target(conn, stop_flag, spec)``; while loading it sends
 ``("progress", pct)`` and then ``("ready", info)`` or ``("error", text)``; afterwards every
-``("tick", plan)`` gets ``("ok", result)`` or ``("error", text)``, and ``("close",)`` ends it."""
+``("tick", plan)`` gets ``("ok", result)`` or ``("error", WorkerError)`` (a typed value the daemon
+raises again as the error it was, see ``core.worker_errors``), and ``("close",)`` ends it."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import signal
-import traceback
 from typing import Any, Callable
 
 from . import lifeline
-from .engine import Engine
-from .errors import ConfigError, EngineCrashed, EngineFailure
+from .errors import EngineCrashed, EngineFailure
+from .stop_flag import StopFlag
+from .vocab_engine import VocabEngine
+from .worker_errors import WorkerError
 
-
-STOP, YIELD = 0, 2  # the stop flag's bytes: stop now (even mid-step), end after the step in flight
-
-
-def stop_requested(stop_flag) -> bool:
-    """Whether the tick should end before its next step (a runner asks between steps)."""
-    return bool(stop_flag[STOP] or stop_flag[YIELD])
+log = logging.getLogger("superfluid.worker")
 
 
 class WorkerDied(EngineCrashed):
@@ -77,10 +74,7 @@ class WorkerProcess:
         self.model = model   # the model's name, for messages
         self.label = label   # how messages name the process ("worker", "MLX worker")
         self._mp = mp.get_context("spawn")  # no fork: the daemon's threads and runtimes stay out
-        # The stop flag: byte 0 is the flag, byte 1 stays 0, so a worker may hand it to C code
-        # that reads it as a string (llama.cpp's abort callback, see llamacpp.worker.abort_on_flag).
-        # Byte 2 is the yield flag, which only the step loop reads (see ``stop_requested``).
-        self.stop_flag = self._mp.RawArray("b", 3)
+        self.stop_flag = StopFlag(self._mp)  # in shared memory: every worker it spawns reads it
         self._proc = None
         self._conn = None
         self.info: dict = {}
@@ -167,19 +161,10 @@ class WorkerProcess:
 
     # ---- ticks ----------------------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        self.stop_flag[STOP] = 1
-
-    def request_yield(self) -> None:
-        self.stop_flag[YIELD] = 1
-
-    def clear_stop(self) -> None:
-        self.stop_flag[STOP] = 0
-        self.stop_flag[YIELD] = 0
-
     def call(self, msg: tuple) -> Any:
-        """Send ``msg`` and return the worker's ``("ok", result)`` result. A worker error is an
-        EngineFailure; a dead worker or pipe is WorkerDied (an EngineCrashed: restartable)."""
+        """Send ``msg`` and return the worker's ``("ok", result)`` result. A worker's error is
+        raised again as the error it was (its class, status and code: ``WorkerError.rebuild``),
+        its traceback logged; a dead worker or pipe is WorkerDied (an EngineCrashed: restartable)."""
         conn = self._conn
         if conn is None:
             raise WorkerDied(f"model {self.model!r}: no {self.label} running")
@@ -197,38 +182,24 @@ class WorkerProcess:
             raise WorkerDied(f"model {self.model!r}: {self.label} connection lost "
                              f"({exc or type(exc).__name__}; {exit_text(code)})") from None
         if kind != "ok":
-            raise EngineFailure(f"model {self.model!r}: {payload}")
+            log.error("model %s: the %s's tick raised %s\n%s", self.model, self.label, payload.kind,
+                      payload.traceback.rstrip())
+            raise payload.rebuild(self.model)
         return payload
 
 
-class WorkerEngine(Engine):
-    """The Engine methods that only drive a WorkerProcess or the daemon-side tokenizer, shared by
-    the engines that tokenize in the daemon and run ticks in a worker. A subclass sets
-    ``self.worker`` and ``self.vocab`` and implements ``start`` (its spec and its ready log
-    line); ``engine_name`` names it in /health."""
+class WorkerEngine(VocabEngine):
+    """A vocabulary-owning engine whose ticks run in a supervised worker process: the Engine
+    methods that drive its WorkerProcess. A subclass calls ``_take_vocab``, sets ``self.worker``
+    and implements ``start`` (its spec and its ready log line); ``engine_name`` names it in
+    /health. The stop flag is the worker's, in shared memory."""
 
     engine_name = "worker"
     worker: WorkerProcess
 
-    def _take_vocab(self, model, vocab, default_max_context: int) -> None:
-        """Keep the daemon-side vocab and settle the model's context and lanes from its options:
-        max-context may not exceed the training context (unknown: ``default_max_context``) and
-        defaults to the smaller of the two."""
-        self.vocab = vocab
-        self.info = vocab.info
-        train = self.info.n_ctx_train or default_max_context
-        requested = model["max-context"]
-        if requested and requested > train:
-            raise ConfigError(f"model {model.name!r}: max-context {requested} exceeds the model's "
-                              f"training context {train}")
-        self.max_context = requested or min(train, default_max_context)
-        self.max_lanes = model["max-batch"]
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.vocab.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
+    @property
+    def stop_flag(self) -> StopFlag:
+        return self.worker.stop_flag
 
     def restart(self, progress: Callable[[str], None] | None = None) -> None:
         """Start a fresh worker (after a crash); every slot's KV is gone."""
@@ -238,7 +209,7 @@ class WorkerEngine(Engine):
 
     def close(self) -> None:
         self.worker.close()
-        self.vocab.close()
+        super().close()
 
     @property
     def pid(self) -> int | None:
@@ -260,22 +231,14 @@ class WorkerEngine(Engine):
         return {"engine": self.engine_name, "worker_pid": self.pid, "state": self.state,
                 "restarts": self.restarts, **{k: v for k, v in self.worker_info.items() if k != "pid"}}
 
-    def request_stop(self) -> None:
-        self.worker.request_stop()
-
-    def request_yield(self) -> None:
-        self.worker.request_yield()
-
-    def clear_stop(self) -> None:
-        self.worker.clear_stop()
-
     def run_tick(self, plan):
         return self.worker.call(("tick", plan))
 
 
 def serve_ticks(conn, runner) -> None:
     """The worker side of the protocol once ready: run each tick with ``runner.run(plan)`` until
-    ``("close",)`` or the daemon's end of the pipe closes. A failing tick is reported, not fatal."""
+    ``("close",)`` or the daemon's end of the pipe closes. A failing tick is reported (its error
+    as a :class:`~superfluid.core.worker_errors.WorkerError`), not fatal."""
     while True:
         try:
             msg = conn.recv()
@@ -284,8 +247,8 @@ def serve_ticks(conn, runner) -> None:
         if msg[0] == "tick":
             try:
                 conn.send(("ok", runner.run(msg[1])))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
+            except Exception as exc:
+                conn.send(("error", WorkerError.of(exc)))
         elif msg[0] == "close":
             break
 

@@ -18,8 +18,10 @@ import psutil
 import torch
 
 from superfluid.core.constrain import Constrainer
-from superfluid.core.engine import Engine, EngineCapabilities
+from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
+from superfluid.core.stop_flag import StopFlag
+from superfluid.core.vocab_engine import VocabEngine
 from superfluid.plugins.vocab import HFVocab, open_vocab
 from superfluid.plugins.vocab.constraints import lltokenizer
 
@@ -27,7 +29,7 @@ from . import model as models
 from .decode_graph import DecodeGraphs
 from .device import free_memory, resolve_decode, resolve_device, resolve_dtype
 from .kv_pool import PagedKV
-from .runner import PREFILL_STEP, TickRunner
+from .runner import PREFILL_STEP, BasertRunner
 from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
 
 log = logging.getLogger("superfluid.basert")
@@ -42,7 +44,7 @@ def architecture(vocab) -> str:
     return getattr(vocab, "arch", "") or ""
 
 
-class BasertEngine(Engine):
+class BasertEngine(VocabEngine):
     engine_name = "basert"
 
     def __init__(self, *, model, config):
@@ -64,21 +66,13 @@ class BasertEngine(Engine):
         self.decode_auto = attention == "auto" and graphs == "auto"  # may fall back to sdpa
         self.decode_capture_s = 0.0
         self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
-        self.vocab = open_vocab(self.path, model.name)
-        self.arch = architecture(self.vocab)
+        vocab = open_vocab(self.path, model.name)
+        self.arch = architecture(vocab)
         if self.arch not in SUPPORTED_ARCHS:
-            self.vocab.close()
+            vocab.close()
             raise ConfigError(f"model {model.name!r}: architecture {self.arch or 'unknown'!r} is not one "
                               f"basert implements ({', '.join(SUPPORTED_ARCHS)})")
-        self.info = self.vocab.info
-        train = self.info.n_ctx_train or DEFAULT_MAX_CONTEXT
-        requested = model["max-context"]
-        if requested and requested > train:
-            self.vocab.close()
-            raise ConfigError(f"model {model.name!r}: max-context {requested} exceeds the model's "
-                              f"training context {train}")
-        self.max_context = requested or min(train, DEFAULT_MAX_CONTEXT)
-        self.max_lanes = model["max-batch"]
+        self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
         self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.capabilities = EngineCapabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
@@ -88,10 +82,10 @@ class BasertEngine(Engine):
             # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)
-        self.stop_flag = bytearray(3)  # read between steps (core.worker_process.stop_requested)
+        self.stop_flag = StopFlag()  # in-process: the runner reads it between steps
         self.model = None
         self.pool: PagedKV | None = None
-        self.runner: TickRunner | None = None
+        self.runner: BasertRunner | None = None
         self.constrainer = None
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -111,7 +105,7 @@ class BasertEngine(Engine):
             self._free()
             raise
         decoder = self._new_decoder(progress)
-        self.runner = TickRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
+        self.runner = BasertRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
                                  speculate=self.speculate, constrainer=self.constrainer, decoder=decoder)
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
@@ -180,29 +174,13 @@ class BasertEngine(Engine):
 
     def close(self) -> None:
         self._free()
-        self.vocab.close()
+        super().close()
 
     # ---- the daemon's side ------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.vocab.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.vocab.token_bytes(token)
 
     def run_tick(self, plan):
         with torch.inference_mode():
             return self.runner.run(plan)
-
-    def request_stop(self) -> None:
-        self.stop_flag[0] = 1
-
-    def request_yield(self) -> None:
-        self.stop_flag[2] = 1
-
-    def clear_stop(self) -> None:
-        self.stop_flag[0] = 0
-        self.stop_flag[2] = 0
 
     def describe(self) -> dict:
         out = {"engine": "basert", "state": "ready" if self.runner else "stopped", "device": str(self.device),

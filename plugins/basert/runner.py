@@ -23,6 +23,7 @@ import torch
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
 
@@ -71,10 +72,10 @@ class _Row:
         return range(0)
 
 
-class TickRunner(tick_runner.TickRunner):
+class BasertRunner(tick_runner.TickRunner):
     """basert's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-    def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag, *, device: torch.device,
+    def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag: StopFlag, *, device: torch.device,
                  speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
                  decoder: DecodeGraphs | None = None):
         super().__init__(stop_flag, pool.n_blocks * pool.block_size)
@@ -118,25 +119,25 @@ class TickRunner(tick_runner.TickRunner):
     # ---- parked KV --------------------------------------------------------------------------
 
     def park(self, slot: int, key: str) -> int:
-        """Park by keeping the slot's pages in the pool (``PagedKV.keep``): no copy until the
+        """Park by keeping the slot's pages in the pool (``Parking.keep``): no copy until the
         pool needs the room. The size reported is what a host copy takes, so the scheduler's
         host budget holds whether or not the pages were copied yet."""
         self.drop(key)
-        entry = self.parked[key] = self.pool.keep(slot)
+        entry = self.parked[key] = self.pool.parking.keep(slot)
         return max(entry.nbytes, 1)
 
     def drop(self, key: str) -> None:
         entry = self.parked.pop(key, None)
         if entry is not None:
-            self.pool.forget(entry)
+            self.pool.parking.forget(entry)
 
     def parked_bytes(self) -> int:
         return sum(entry.nbytes for entry in self.parked.values())
 
     def restore(self, slot: int, entry) -> bool:
-        ok = self.pool.import_(slot, entry)
+        ok = self.pool.parking.import_(slot, entry)
         if not any(held is entry for held in self.parked.values()):
-            self.pool.forget(entry)  # the tick took it out of self.parked: the slot holds its pages now
+            self.pool.parking.forget(entry)  # the tick took it out of self.parked: the slot holds its pages now
         return ok
 
     def load(self, path: str, key: str) -> int:
@@ -153,7 +154,7 @@ class TickRunner(tick_runner.TickRunner):
         entry = self.parked.get(key)
         if entry is None:
             return 0
-        copy = self.pool.host_copy(entry)
+        copy = self.pool.parking.host_copy(entry)
         return write_atomically(path, lambda f: PagedKV.save(copy, f))
 
     # ---- sampling ---------------------------------------------------------------------------

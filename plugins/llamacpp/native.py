@@ -12,6 +12,8 @@ from typing import NamedTuple
 import llama_cpp
 import numpy as np
 
+from superfluid.core.stop_flag import StopFlag
+
 log = logging.getLogger("superfluid.llamacpp")
 
 # llama.h's llama_batch, as _rounds.c declares it
@@ -31,13 +33,13 @@ class RoundsOutcome(NamedTuple):
 
 
 class DecodeRounds:
-    def __init__(self, lib: ctypes.CDLL, ctx, vocab, batch, n_vocab: int, flags):
+    def __init__(self, lib: ctypes.CDLL, ctx, vocab, batch, n_vocab: int, stop_flag: StopFlag):
         self._fn = lib.sf_decode_rounds
         self._ctx = _address(ctx)
         self._vocab = _address(vocab)
         self._batch = ctypes.addressof(batch)
         self._n_vocab = n_vocab
-        self._flags = ctypes.addressof(flags)
+        self._flags = stop_flag.address  # read before each round (stop and yield)
 
     def run(self, slots: list[int], pos: list[int], last: list[int], samplers: list, room: list[int],
             ignore_eos: list[bool], quiet: bool) -> RoundsOutcome:

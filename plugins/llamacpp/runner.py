@@ -21,9 +21,9 @@ import llama_cpp
 
 from superfluid.core import tick_runner
 from superfluid.core.logits import LaneRow, token_logprob
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
 from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
-from superfluid.core.worker_process import STOP
 
 from . import native
 from .buffers import LogitRows, host_buffer
@@ -35,10 +35,10 @@ def _slot(w: Work) -> int:
     return w.slot
 
 
-class TickRunner(tick_runner.TickRunner):
+class LlamaCppRunner(tick_runner.TickRunner):
     """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-    def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag, kv_capacity: int, *,
+    def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag: StopFlag, kv_capacity: int, *,
                  unified: bool = False, n_swa: int = 0, recurrent: bool = False, native_rounds: bool = True,
                  pooling: str = "mean"):
         super().__init__(stop_flag, kv_capacity)
@@ -352,7 +352,7 @@ class TickRunner(tick_runner.TickRunner):
     def _decode_failed(self, rc: int, n: int) -> bool:
         """A non-zero ``llama_decode`` code for a batch of ``n`` tokens: False if the stop flag
         aborted it, else the error (no KV room for it: PoolFull)."""
-        if rc == 2 and self.stop_flag[STOP]:
+        if rc == 2 and self.stop_flag.abort_requested():
             return False
         if rc == 1:  # no KV slot for the batch: llama.cpp kept nothing of it
             raise PoolFull(n)

@@ -1,6 +1,6 @@
 """Per-lane samplers built from llama.cpp's own sampler chain, so greedy and seeded output are
 what llama.cpp itself gives. Constraints, ``logit_bias`` and logprobs are applied to the logits row
-before the chain sees it (``runner.TickRunner._sample``), by the rules every engine shares
+before the chain sees it (``runner.LlamaCppRunner._sample``), by the rules every engine shares
 (``superfluid.core.logits``, ``superfluid.core.constrain``)."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import os
 
 import attrs
 
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.worker_process import serve_ticks
 
 
@@ -55,12 +56,12 @@ def lane_cells(n_ctx: int, n_seq: int, n_lanes: int, unified: bool) -> int:
     return n_ctx if unified else n_ctx // n_seq * n_lanes
 
 
-def abort_on_flag(cparams, stop_flag) -> None:
+def abort_on_flag(cparams, stop_flag: StopFlag) -> None:
     """Make llama.cpp abort a running ``llama_decode`` as soon as the stop flag is set.
 
     ggml asks the abort callback between graph nodes, hundreds of times a step, so a Python
     callback would cost milliseconds per step. libc's ``strlen`` is a C function of the right
-    shape: on the flag's two bytes (flag, 0) it returns 1 when the flag is set and 0 when it is
+    shape: on the stop flag's first two bytes (stop, 0) it returns 1 when the flag is set and 0 when it is
     not, read fresh from shared memory each time. An aborted step leaves the KV as it was."""
     import ctypes
     import ctypes.util
@@ -69,10 +70,10 @@ def abort_on_flag(cparams, stop_flag) -> None:
 
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     cparams.abort_callback = ctypes.cast(libc.strlen, llama_cpp.ggml_abort_callback)
-    cparams.abort_callback_data = ctypes.cast(stop_flag, ctypes.c_void_p)
+    cparams.abort_callback_data = stop_flag.address
 
 
-def main(conn, stop_flag, spec: WorkerSpec) -> None:
+def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     """Worker entry point (spawned); the protocol is core.worker_process's."""
     import llama_cpp
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
@@ -80,7 +81,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
 
     from .extra_buffers import model_params, weight_buffers
     from .hidden import model_pooling
-    from .runner import TickRunner
+    from .runner import LlamaCppRunner
     from .warmup import WarmupFailed, warm_up
 
     llama_cpp._logger.logger.setLevel(40)
@@ -140,7 +141,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
     except WarmupFailed as exc:
         conn.send(("error", str(exc)))
         return
-    runner = TickRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
+    runner = LlamaCppRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
                         lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
                         pooling=model_pooling(model))

@@ -36,6 +36,7 @@ from mlx_lm.models.cache import KVCache
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import Work, prefill_shares, takes_one, write_atomically
 
@@ -82,10 +83,10 @@ def _batch_views(slot_caches: list[list[KVCache]]) -> list[LaneBatchView]:
     return [LaneBatchView([caches[layer] for caches in slot_caches], pads, mask) for layer in range(n_layers)]
 
 
-class TickRunner(tick_runner.TickRunner):
+class MlxRunner(tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
-    def __init__(self, model, eog: set[int], stop_flag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
+    def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
                  constrainer: Constrainer | None = None):
         super().__init__(stop_flag, kv_capacity)
         self.constrainer = constrainer  # token masks for json_schema / grammar lanes (None: refused)

@@ -9,6 +9,7 @@ import os
 
 import attrs
 
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.worker_process import serve_ticks
 
 from .constants import PREFILL_STEP
@@ -37,14 +38,14 @@ def logit_rows(model) -> int | None:
     return int(getattr(getattr(model, "args", None), "vocab_size", 0) or 0) or None
 
 
-def main(conn, stop_flag, spec: WorkerSpec) -> None:
+def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     """Worker entry point (spawned); the protocol is core.worker_process's."""
     try:
         import mlx.core as mx
 
         from . import loader
         from superfluid.plugins.vocab.constraints import VocabConstrainer
-        from .runner import TickRunner
+        from .runner import MlxRunner
 
         conn.send(("progress", 0))
         model = loader.load(spec.path)
@@ -56,7 +57,7 @@ def main(conn, stop_flag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
     capacity = kv_cells(spec.max_lanes, spec.max_context)
-    runner = TickRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer)
+    runner = MlxRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()),
                          "mlx": mx.__version__}))
     serve_ticks(conn, runner)

@@ -36,7 +36,7 @@ class Vocab:
         # Sliding-window and recurrent models share one KV pool. A recurrent state cannot be cut
         # back to an earlier position, so their slots are not reused as prefixes; a sliding-window
         # cache can be, where the window's cells before the cut are still held (checked when a
-        # lane is seeded: core.tick_runner.TickRunner.seed calls runner.TickRunner.keep_prefix).
+        # lane is seeded: core.tick_runner.TickRunner.seed calls llamacpp's LlamaCppRunner.keep_prefix).
         self.sliding_window = self._meta(f"{arch}.attention.sliding_window") is not None
         self.recurrent = arch in RECURRENT_ARCHS
         self.shared_pool = self.sliding_window or self.recurrent

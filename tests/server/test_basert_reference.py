@@ -87,7 +87,8 @@ def test_gemma3_270m_past_its_window_on_paged_kv_matches_transformers(_threads):
     from superfluid.core.tick import LanePlan, TickPlan
     from superfluid.plugins.basert import model as models
     from superfluid.plugins.basert.kv_pool import PagedKV
-    from superfluid.plugins.basert.runner import TickRunner
+    from superfluid.core.stop_flag import StopFlag
+    from superfluid.plugins.basert.runner import BasertRunner
     from tools.bench.basert_reference import transformers_from_gguf
 
     ids = torch.randint(1000, 20000, (1100,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -99,7 +100,7 @@ def test_gemma3_270m_past_its_window_on_paged_kv_matches_transformers(_threads):
     s = model.shape
     pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=128,
                    block_size=16, dtype=torch.float32, device=torch.device("cpu"))
-    runner = TickRunner(model, pool, set(), bytearray(3), device=torch.device("cpu"), step_tokens=256)
+    runner = BasertRunner(model, pool, set(), StopFlag(), device=torch.device("cpu"), step_tokens=256)
     with torch.inference_mode():
         res = runner.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=ids, sample=False, reset=True,
                                                   sampling=SamplingParams(temperature=0), targets=ids[1:])]))

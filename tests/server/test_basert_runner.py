@@ -13,12 +13,13 @@ torch = pytest.importorskip("torch")
 
 from superfluid.core.logits import token_logprob  # noqa: E402
 from superfluid.core.request import SamplingParams  # noqa: E402
+from superfluid.core.stop_flag import StopFlag  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.basert import model as models  # noqa: E402
 from superfluid.plugins.basert.decode_graph import DecodeGraphs  # noqa: E402
 from superfluid.plugins.basert.dense_attention import DenseAttention  # noqa: E402
 from superfluid.plugins.basert.kv_pool import PagedKV  # noqa: E402
-from superfluid.plugins.basert.runner import TickRunner  # noqa: E402
+from superfluid.plugins.basert.runner import BasertRunner  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
@@ -41,8 +42,8 @@ def runner(model, *, n_blocks=256, bits=0, speculate=0, step_tokens=512, flex_la
                    block_size=16, dtype=torch.float32, device=CPU, bits=bits, scratch=bool(flex_lanes))
     decoder = (DecodeGraphs(model, pool, max_lanes=flex_lanes, max_context=1024, graphs=False)
                if flex_lanes else None)
-    return TickRunner(model, pool, set(), bytearray(3), device=CPU, speculate=speculate, step_tokens=step_tokens,
-                      decoder=decoder)
+    return BasertRunner(model, pool, set(), StopFlag(), device=CPU, speculate=speculate, step_tokens=step_tokens,
+                        decoder=decoder)
 
 
 def generate(r, lanes: dict[int, list[int]], n: int, grant: int = 4, sampling=GREEDY, logprobs=None):
@@ -145,7 +146,7 @@ def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, 
         # park slot 1 (its pages stay in the pool, no copy), save it, load it under another key,
         # restore it into slot 2: same continuation
         r.run(TickPlan(park=[(1, "k")], release=[1]))
-        assert r.pool.kept(r.parked["k"]) and r.kv_used() == used
+        assert r.pool.parking.kept(r.parked["k"]) and r.kv_used() == used
         path = str(tmp_path / "park.bin")
         assert r.run(TickPlan(save=[("k", path)])).saved[path] > 0
         assert r.run(TickPlan(load=[(path, "k2")])).parked["k2"] > 0
@@ -159,7 +160,7 @@ def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, 
     kept = r.parked["k"]
     with torch.inference_mode():
         r.run(TickPlan(drop_parked=["k"]))
-    assert not r.pool.kept(kept) and r.pool.used_blocks() == held - 1
+    assert not r.pool.parking.kept(kept) and r.pool.used_blocks() == held - 1
 
 
 def test_a_missing_or_corrupt_park_is_reported_not_raised(tiny, tmp_path):
@@ -175,7 +176,7 @@ def test_a_missing_or_corrupt_park_is_reported_not_raised(tiny, tmp_path):
 
 def test_stop_flag_ends_the_tick_between_steps(tiny):
     r = runner(tiny, step_tokens=8)
-    r.stop_flag[2] = 1  # yield: end before the next step
+    r.stop_flag.request_yield()  # end before the next step
     with torch.inference_mode():
         res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=PROMPTS[3], sample=True, max_new=4, reset=True,
                                              sampling=GREEDY)]))
@@ -268,7 +269,7 @@ def test_park_file_round_trips_through_bytes(tiny):
     r = runner(tiny)
     with torch.inference_mode():
         generate(r, {0: PROMPTS[0]}, 2)
-    entry = r.pool.export(0)
+    entry = r.pool.parking.export(0)
     buf = io.BytesIO()
     PagedKV.save(entry, buf)
     buf.seek(0)

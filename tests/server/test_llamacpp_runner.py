@@ -173,11 +173,11 @@ def test_a_quiet_tick_ends_when_a_lane_does(tick, quiet):
 def test_a_raised_yield_flag_ends_the_tick_before_its_next_step(tick):
     tick(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=PROMPTS[0][:-1], sample=False, reset=True,
                                   sampling=GREEDY)]))
-    tick.flag[2] = 1
+    tick.flag.request_yield()
     try:
         result = tick(TickPlan(lanes=_two_lanes(5, 5, False).lanes[:1]))
     finally:
-        tick.flag[2] = 0
+        tick.flag.clear()
     assert result.stopped_early and result.lanes[0].tokens == [] and result.steps == []
     again = tick(TickPlan(lanes=_two_lanes(5, 5, False).lanes[:1]))  # nothing was fed: the same plan runs
     assert len(again.lanes[0].tokens) == 5 and not again.stopped_early

@@ -21,9 +21,10 @@ mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install '
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'superfluid[mlx]')")
 
 from superfluid.core.request import SamplingParams  # noqa: E402
+from superfluid.core.stop_flag import StopFlag  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.mlx import loader  # noqa: E402
-from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
+from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 from superfluid.plugins.mlx.sampling import LaneSampler  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
@@ -108,9 +109,9 @@ def test_batched_decode_equals_each_lane_alone(tiny):
                2: _prompt(vocab, "def print(self): return None and some more words")}
     alone = {}
     for slot, toks in prompts.items():
-        runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
+        runner = MlxRunner(model, vocab.eog, StopFlag(), 4096)
         alone[slot] = _generate(runner, {slot: toks}, 24)[0][slot]
-    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
+    runner = MlxRunner(model, vocab.eog, StopFlag(), 4096)
     together, res = _generate(runner, prompts, 24)
     assert together == alone
     assert res.kv_used == sum(len(t) + 23 for t in prompts.values())
@@ -120,11 +121,11 @@ def test_batched_decode_equals_each_lane_alone(tiny):
 def test_park_restore_copy_and_files(tiny, tmp_path):
     model, vocab = tiny
     toks = _prompt(vocab, "the people of the water could find a long way")
-    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
+    runner = MlxRunner(model, vocab.eog, StopFlag(), 4096)
     reference = _generate(runner, {0: toks}, 16)[0][0]
 
     # Park after 6 tokens, release the slot, restore it into another slot and go on.
-    runner = TickRunner(model, vocab.eog, [0, 0, 0], 4096)
+    runner = MlxRunner(model, vocab.eog, StopFlag(), 4096)
     first = _generate(runner, {0: toks}, 6)[0][0]
     res = runner.run(TickPlan(park=[(0, "k")], release=[0]))
     assert res.parked["k"] > 0 and res.parked_bytes == res.parked["k"] and runner.length(0) == 0
@@ -144,10 +145,12 @@ def test_park_restore_copy_and_files(tiny, tmp_path):
     assert missing.lanes[7].restore_failed
 
 
-@pytest.mark.parametrize("flag", [[1, 0, 0], [0, 0, 1]], ids=["stop", "yield"])
-def test_stop_flag_ends_tick_between_steps(tiny, flag):
+@pytest.mark.parametrize("request_", ["request_stop", "request_yield"])
+def test_stop_flag_ends_tick_between_steps(tiny, request_):
     model, vocab = tiny
-    runner = TickRunner(model, vocab.eog, flag, 4096)
+    flag = StopFlag()
+    getattr(flag, request_)()
+    runner = MlxRunner(model, vocab.eog, flag, 4096)
     res = runner.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=_prompt(vocab, "the"), sample=True, max_new=5,
                                               reset=True, sampling=GREEDY)]))
     assert res.stopped_early and res.lanes[0].n_fed == 0

@@ -16,9 +16,10 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'supe
 pytest.importorskip("llguidance", reason="llguidance is not installed")
 
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams  # noqa: E402
+from superfluid.core.stop_flag import StopFlag  # noqa: E402
 from superfluid.core.tick import LanePlan, Seed, TickPlan  # noqa: E402
 from superfluid.plugins.vocab.constraints import VocabConstrainer  # noqa: E402
-from superfluid.plugins.mlx.runner import TickRunner  # noqa: E402
+from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = "<|im_start|>user\nTell me about the people of the water<|im_end|>\n<|im_start|>assistant\n"
@@ -37,7 +38,7 @@ def constrainer(tiny, tiny_path):
 
 def _runner(tiny, constrainer=None):
     model, vocab = tiny
-    return TickRunner(model, vocab.eog, [0, 0, 0], 4096, constrainer=constrainer)
+    return MlxRunner(model, vocab.eog, StopFlag(), 4096, constrainer=constrainer)
 
 
 def _prompt(vocab, text=PROMPT):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from superfluid.core.request import SamplingParams
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, Seed, StepTiming, TickPlan
 from superfluid.core.tick_runner import PoolFull, TickRunner, Work, takes_one
-from superfluid.core.worker_process import STOP, YIELD
 
 GREEDY = SamplingParams(temperature=0.0)
 PENALIZED = SamplingParams(temperature=0.0, repeat_penalty=1.3)
@@ -34,7 +34,7 @@ class FakeStepRunner(TickRunner):
     fail as a stop-flag abort or a full pool would."""
 
     def __init__(self, stop_flag=None):
-        super().__init__(stop_flag if stop_flag is not None else bytearray(3), kv_capacity=1000)
+        super().__init__(stop_flag if stop_flag is not None else StopFlag(), kv_capacity=1000)
         self.kv: dict[int, list[int]] = {}
         self.files: dict[str, list[int]] = {}
         self.calls: list[tuple] = []
@@ -168,6 +168,33 @@ def test_prelude_runs_park_load_save_drop_release_then_the_lanes():
     assert len(res.steps) == 1 and not res.stopped_early
 
 
+class SlotsOnlyRunner(TickRunner):
+    """FakeStepRunner without the primitives a capability gates (parking, persisted KV, prefix
+    copies): what an engine that declares none of them writes."""
+
+    def __init__(self):
+        super().__init__(StopFlag(), kv_capacity=1000)
+        self.kv: dict[int, list[int]] = {}
+        self.calls: list[tuple] = []
+        self.n_steps = self.advances = 0
+        self.on_step = self.abort_at = self.full_at = None
+
+    clear_kv, keep_prefix, cut, kv_used = (FakeStepRunner.clear_kv, FakeStepRunner.keep_prefix,
+                                           FakeStepRunner.cut, FakeStepRunner.kv_used)
+    new_sampler, accepts, advance = FakeStepRunner.new_sampler, FakeStepRunner.accepts, FakeStepRunner.advance
+
+
+def test_an_engine_without_parking_or_a_prefix_cache_writes_none_of_their_primitives():
+    r = SlotsOnlyRunner()
+    res = r.run(TickPlan(park=[(0, "p")], load=[("f.in", "l")], save=[("p", "f.out")], lanes=[lane(0, [1, 2])]))
+    assert res.parked == {"p": 0, "l": 0} and res.saved == {"f.out": 0} and res.parked_bytes == 0
+    assert r.parked == {} and res.lanes[0].tokens == [3]
+    res = r.run(TickPlan(lanes=[lane(1, [5], pos=2, seed=Seed(key="p"))]))
+    assert res.lanes[1].restore_failed and 1 not in r.kv
+    with pytest.raises(NotImplementedError, match="prefix_cache"):
+        r.run(TickPlan(lanes=[lane(2, [5], pos=2, seed=Seed(slot=0))]))
+
+
 def test_a_plan_with_no_lanes_runs_no_step():
     r = FakeStepRunner()
     res = r.run(TickPlan(release=[3]))
@@ -243,17 +270,17 @@ def test_lanes_run_until_each_ends_at_its_grant_or_an_eog():
     assert [s.prefill_tokens for s in res.steps[:3]] == [4 + 2, 2, 0]
 
 
-@pytest.mark.parametrize("byte", [STOP, YIELD], ids=["stop", "yield"])
-def test_the_stop_flag_ends_the_tick_before_the_next_step(byte):
-    flag = bytearray(3)
-    flag[byte] = 1
+@pytest.mark.parametrize("request_", ["request_stop", "request_yield"])
+def test_the_stop_flag_ends_the_tick_before_the_next_step(request_):
+    flag = StopFlag()
+    getattr(flag, request_)()
     r = FakeStepRunner(flag)
     res = r.run(TickPlan(lanes=[lane(0, [1, 2], max_new=4)]))
     assert res.stopped_early and r.advances == 0 and res.lanes[0].n_fed == 0 and res.steps == []
 
-    flag[byte] = 0
+    flag.clear()
     r = FakeStepRunner(flag)
-    r.on_step = lambda n: flag.__setitem__(byte, 1) if n == 2 else None
+    r.on_step = lambda n: getattr(flag, request_)() if n == 2 else None
     res = r.run(TickPlan(lanes=[lane(0, [1, 2], max_new=4)]))
     assert res.stopped_early and r.advances == 2 and res.lanes[0].tokens == [3, 4]
 
@@ -304,7 +331,7 @@ class FakeRoundsRunner(FakeStepRunner):
         if not all(w.decoding for w in active):
             return super().advance(active, plan, result)
         self.advances += 1
-        while any(w.feed for w in active) and not (self.stop_flag[STOP] or self.stop_flag[YIELD]):
+        while any(w.feed for w in active) and not self.stop_flag.stop_requested():
             live = [w for w in active if w.feed]
             for w in live:
                 self.kv.setdefault(w.slot, []).append(w.feed.pop())

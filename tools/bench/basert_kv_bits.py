@@ -118,15 +118,16 @@ def make_runner(model, *, bits: int = 0, speculate: int = 0, step_tokens: int = 
                 dtype: torch.dtype = torch.float32, constrainer=None):
     """A tick runner over a fresh paged pool (``bits`` 0: full width in ``dtype``); ``constrainer``
     for lanes held to a grammar."""
+    from superfluid.core.stop_flag import StopFlag
     from superfluid.plugins.basert.kv_pool import PagedKV
-    from superfluid.plugins.basert.runner import TickRunner
+    from superfluid.plugins.basert.runner import BasertRunner
 
     s = model.shape
     cpu = torch.device("cpu")
     pool = PagedKV(n_layers=s.n_layers, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, n_blocks=n_blocks,
                    block_size=16, dtype=dtype, device=cpu, bits=bits)
-    return TickRunner(model, pool, set(), bytearray(3), device=cpu, speculate=speculate, step_tokens=step_tokens,
-                      constrainer=constrainer)
+    return BasertRunner(model, pool, set(), StopFlag(), device=cpu, speculate=speculate, step_tokens=step_tokens,
+                        constrainer=constrainer)
 
 
 def generate(runner, prompts: Sequence[Sequence[int]], n: int, grant: int,

@@ -33,13 +33,14 @@ import time
 import torch
 
 from superfluid.core.request import SamplingParams
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, TickPlan
 from superfluid.plugins.basert.decode_graph import DecodeGraphs
 from superfluid.plugins.basert.dense_attention import DenseAttention
 from superfluid.plugins.basert.device import resolve_decode
 from superfluid.plugins.basert.kv_pool import PagedKV
 from superfluid.plugins.basert.model import random_model
-from superfluid.plugins.basert.runner import TickRunner
+from superfluid.plugins.basert.runner import BasertRunner
 from superfluid.plugins.basert.shape import ModelShape
 
 LLAMA_3_2_1B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16,
@@ -134,8 +135,8 @@ def run_paged(model, device, lanes: int, prompt: int, reply: int, *, speculate: 
     """Prefill every lane (ticks that end at a first token) then decode them all, through basert's
     runner on a paged pool; the figures of one run. The pool is left empty."""
     shape = model.shape
-    runner = TickRunner(model, pool, set(), bytearray(3), device=device, speculate=speculate,
-                        step_tokens=max(512, min(8192, lanes * prompt)), decoder=decoder)
+    runner = BasertRunner(model, pool, set(), StopFlag(), device=device, speculate=speculate,
+                          step_tokens=max(512, min(8192, lanes * prompt)), decoder=decoder)
     feeds = prompts(lanes, prompt, shape.vocab_size)
     pos = {s: 0 for s in range(lanes)}
     last: dict[int, int] = {}

@@ -10,7 +10,7 @@ and cleared as plans say), ticks run by the shared :class:`~superfluid.core.tick
 (prefill chunks within the step budget, decode grants, the stop flag between steps, first-token
 and quiet-tick ends, finish by EOS or ``max_tokens``), step timings for the cost model and its
 KV occupancy. It declares only what it does: no parking, no prefix cache, no grammars, no
-logprobs, no embeddings.
+logprobs, no embeddings; the shared runner's defaults stand in for the primitives those gate.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 
 from superfluid.core.engine import Engine, EngineCapabilities, ModelInfo
 from superfluid.core.hookspecs import hookimpl
+from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import StepTiming
 from superfluid.core.tick_runner import TickRunner, prefill_shares, takes_one
 
@@ -36,21 +37,6 @@ class EchoRunner(TickRunner):
     def __init__(self, stop_flag, kv_capacity: int):
         super().__init__(stop_flag, kv_capacity)
         self.kv: dict[int, list[int]] = {}
-
-    # Parking and prefix copies are not declared, so the scheduler never asks for them.
-    def park(self, slot, key):
-        return 0
-
-    load = save = park  # nothing read, nothing written: 0 bytes
-
-    def parked_bytes(self):
-        return 0
-
-    def restore(self, slot, entry):
-        return False
-
-    def copy(self, src, dst, pos):
-        self.kv[dst] = list(self.kv.get(src, ()))
 
     def clear_kv(self, slot):
         self.kv.pop(slot, None)
@@ -110,7 +96,7 @@ class EchoEngine(Engine):
                                                prefill_step_tokens=STEP_TOKENS)
         self.info = ModelInfo(name=model.name, path=model.path, chat_template=CHAT_TEMPLATE,
                               n_vocab=EOS + 1, n_ctx_train=context)
-        self.stop_flag = bytearray(3)  # [0] stop, [2] yield: core.worker_process.stop_requested
+        self.stop_flag = StopFlag()  # raised by the daemon, read by the runner between steps
         self.runner = EchoRunner(self.stop_flag, kv_capacity=lanes * context)
 
     def start(self, progress=None):
@@ -127,13 +113,13 @@ class EchoEngine(Engine):
         return self.runner.run(plan)
 
     def request_stop(self):
-        self.stop_flag[0] = 1
+        self.stop_flag.request_stop()
 
     def request_yield(self):
-        self.stop_flag[2] = 1
+        self.stop_flag.request_yield()
 
     def clear_stop(self):
-        self.stop_flag[0] = self.stop_flag[2] = 0
+        self.stop_flag.clear()
 
     def close(self):
         self.runner.kv.clear()
