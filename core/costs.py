@@ -40,9 +40,6 @@ class CostModel:
             return self._decode[lo] * (1 + 0.05 * (n_lanes - lo))
         return self._decode[min(above)]
 
-    def prefill_seconds(self, tokens: int) -> float:
-        return tokens * self._prefill
-
     def observe(self, steps: list[StepTiming]) -> None:
         for step in steps:
             if step.seconds <= 0:

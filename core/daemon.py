@@ -25,11 +25,11 @@ log = logging.getLogger("superfluid.daemon")
 
 @attrs.define(eq=False)
 class ModelRuntime:
-    """One served model: its config, engine and scheduler."""
+    """One served model: its config, engine and loop (which holds its scheduler)."""
 
     config: ModelConfig
     engine: Engine
-    scheduler: ModelLoop
+    loop: ModelLoop
     state: str = "ready"  # ready | unloading
 
     @property
@@ -86,9 +86,9 @@ class Daemon:
             extra=dict(mc.values))
         sources: list = []
         self.hook.superfluid_add_pressure_sources(register=sources.append, config=self.config)
-        scheduler = ModelLoop(mc.name, engine, self.hook, settings, pressure_sources=sources)
-        scheduler.start()
-        runtime = ModelRuntime(config=mc, engine=engine, scheduler=scheduler)
+        loop = ModelLoop(mc.name, engine, self.hook, settings, pressure_sources=sources)
+        loop.start()
+        runtime = ModelRuntime(config=mc, engine=engine, loop=loop)
         self.models[mc.name] = runtime
         log.info("model %s ready: engine %s, %d lanes, context %d", mc.name, mc.engine,
                  caps.max_lanes, caps.context_length)
@@ -125,8 +125,8 @@ class Daemon:
             raise ModelNotFound(f"The model {name!r} does not exist", param="model")
         runtime.state = "unloading"
         log.info("model %s: unloading (draining up to %.1f s)", name, drain_timeout)
-        runtime.scheduler.close(timeout=drain_timeout, reason=f"model {name!r} was unloaded; retry later",
-                                code="model_unloaded")
+        runtime.loop.close(timeout=drain_timeout, reason=f"model {name!r} was unloaded; retry later",
+                           code="model_unloaded")
         runtime.engine.close()
         self.unloaded[name] = runtime.config
         self.models.pop(name, None)
@@ -175,19 +175,19 @@ class Daemon:
             await loop.run_in_executor(None, self.persist_sessions)
             # What did not finish in time fails now with a clear error, so no handler is left
             # waiting when the front ends close.
-            await loop.run_in_executor(None, self.stop_schedulers)
+            await loop.run_in_executor(None, self.stop_loops)
         finally:
             for fe in reversed(frontends):
                 await fe.stop()
 
     async def _drain(self, force: asyncio.Event) -> None:
         timeout = self.config.get("shutdown-timeout", 30)
-        busy = [rt.name for rt in self.models.values() if rt.scheduler.busy()]
+        busy = [rt.name for rt in self.models.values() if rt.loop.busy()]
         log.info("shutting down: no new requests; waiting up to %.0f s for %s", timeout * 0.8,
                  ", ".join(busy) or "nothing")
         self.draining = True
         deadline = asyncio.get_running_loop().time() + timeout * 0.8
-        while (any(rt.scheduler.busy() for rt in list(self.models.values())) and not force.is_set()
+        while (any(rt.loop.busy() for rt in list(self.models.values())) and not force.is_set()
                and asyncio.get_running_loop().time() < deadline):
             await asyncio.sleep(0.05)
 
@@ -203,8 +203,8 @@ class Daemon:
             runtime = self.models.get(session.model)
             if runtime is None or not runtime.config.values.get("park"):
                 continue
-            tokens = runtime.scheduler.save_prefix(session.prompt_tokens,
-                                                   self.sessions.artifact_path(session.id), timeout=10)
+            tokens = runtime.loop.save_prefix(session.prompt_tokens,
+                                              self.sessions.artifact_path(session.id), timeout=10)
             if tokens:
                 self.sessions.parked(session, tokens)
                 saved += 1
@@ -217,17 +217,17 @@ class Daemon:
         path = self.sessions.artifact_path(session.id)
         if (runtime is not None and path is not None and runtime.config.values.get("park")
                 and session.prompt_tokens):
-            tokens = runtime.scheduler.save_prefix(session.prompt_tokens, path)
+            tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
         self.sessions.parked(session, tokens)
         return len(tokens or [])
 
-    def stop_schedulers(self) -> None:
+    def stop_loops(self) -> None:
         for runtime in list(self.models.values()):
-            runtime.scheduler.close(timeout=0.5)
+            runtime.loop.close(timeout=0.5)
 
     def close(self) -> None:
         for runtime in self.models.values():
-            runtime.scheduler.close()
+            runtime.loop.close()
             runtime.engine.close()
         self.models.clear()
 

@@ -135,7 +135,10 @@ class LaneEvent:
 
     "delta" carries released text and the tokens it came from; "finished" carries the finish
     reason ("stop", "length", "cancelled"), the usage counts and, for a scored prompt or an
-    embedding, their results; "error" carries the exception. ``lane`` is a read-only view for timings (admitted_at, first_token_at)."""
+    embedding, their results; "error" carries the exception. ``timings``: "admitted" has the
+    seconds it queued (``queued_s``); "finished" and "error" the lane's timestamps (monotonic
+    seconds: ``queued_at``, ``admitted_at``, ``first_token_at``, ``finished_at``, ``arrived``)
+    and ``prefilled``, the prompt tokens it computed (see :func:`~superfluid.core.stats.timings`)."""
 
     kind: str
     request_id: str

@@ -64,8 +64,8 @@ class ModelLoop:
     # ---- front-end side (any thread) ---------------------------------------------------------
 
     def submit(self, request: Request) -> Lane:
-        """Queue a request. Raises if it can never run (empty, or longer than the context): the
-        one place the context length is checked."""
+        """Queue a request. Raises if it can never run (empty, longer than the context, or of a
+        kind this model cannot serve): the one place, for every front end, where these are checked."""
         n, ctx = len(request.prompt_tokens), self.settings.context_length
         if n == 0:
             raise SuperfluidError("the prompt is empty", status=400, code="invalid_prompt")
@@ -93,7 +93,8 @@ class ModelLoop:
     def _check_kind(self, request: Request) -> None:
         """What this model cannot serve, whatever front end sent it, as a 400: an embedding where
         its engine computes none, a generation from an embedding-only model, a constraint that
-        cannot be enforced (refused, never sampled freely)."""
+        cannot be enforced (refused, never sampled freely). Front ends leave these to this one
+        check; ``request.meta["constraint_param"]`` names the field a constraint came from."""
         caps = self.engine.capabilities
         if request.embed and not getattr(caps, "embeddings", False):
             raise InvalidRequest(f"model {self.name!r} does not serve embeddings (its engine cannot "
@@ -105,9 +106,11 @@ class ModelLoop:
             try:
                 check_constraint(request.sampling)
             except UnsupportedConstraint as exc:
-                reason = str(exc).splitlines()[0]
-                raise InvalidRequest(f"this JSON schema cannot be enforced: {reason}", code="unsupported_schema",
-                                     param=request.meta.get("constraint_param")) from None
+                param = request.meta.get("constraint_param")
+                where = f"{param}: " if param else ""
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "rejected by llguidance"
+                raise InvalidRequest(f"{where}this schema cannot be enforced: {reason}", code="unsupported_schema",
+                                     param=param) from None
 
     def _check_queue(self, request: Request) -> None:
         """A class whose queue already holds --max-queue requests refuses one more: a 429 the
@@ -169,7 +172,7 @@ class ModelLoop:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"scheduler-{self.name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"loop-{self.name}", daemon=True)
         self._thread.start()
 
     def close(self, timeout: float = 10.0, reason: str | None = None, code: str = "shutting_down") -> None:
@@ -204,7 +207,7 @@ class ModelLoop:
     def _run(self) -> None:
         while self._wait_for_work():
             self.step()
-        log.info("model %s: scheduler stopped", self.name)
+        log.info("model %s: loop stopped", self.name)
 
     def _wait_for_work(self) -> bool:
         """Block until there is something to do; False once closed and drained."""

@@ -12,7 +12,7 @@ LEVELS = ("ok", "warning", "critical")
 
 
 class PressureSource(Protocol):
-    """What a pressure source plugin registers: ``level()`` is called on the scheduler thread
+    """What a pressure source plugin registers: ``level()`` is called on the model's thread
     between ticks, every PRESSURE_CHECK_S at most; it must be cheap and must not block."""
 
     def level(self) -> str:

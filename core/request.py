@@ -33,10 +33,10 @@ class JsonConstraint:
     (its lead, then a JSON value its schema accepts), then the literal ``tail``, then only
     end-of-generation. A front end describes what it needs this way (a forced tool call's rest
     after its pre-fill: one choice per tool it may name, the call's closing as the tail; a
-    response format: one choice with no lead) and each engine converts it to its own form
-    (llama.cpp: a GBNF grammar, see ``plugins/llamacpp/grammar.py``). A schema the engine cannot
-    express constrains its value to any JSON object instead (what tool arguments and response
-    formats are), rather than failing the request."""
+    response format: one choice with no lead). :mod:`superfluid.core.constrain` turns it into
+    one llguidance grammar whose token masks every engine applies. A schema llguidance cannot
+    enforce is refused when the request is submitted (``ModelLoop.submit``: a 400
+    ``unsupported_schema`` naming the field it came from), never sampled unconstrained."""
 
     choices: tuple[JsonChoice, ...]
     tail: str = ""

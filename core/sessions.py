@@ -49,8 +49,8 @@ class Session:
     state: str = "open"                                 # open | parked | closed
     prompt_tokens: list[int] = attrs.field(factory=list)  # the last turn's prompt (its KV is cached)
     artifact_tokens: list[int] | None = None           # what the park artifact on disk holds
-    # The scheduler that took the park artifact into its host tier, and the one holding the
-    # system prompt's pin: a model unloaded and loaded again has a new scheduler holding neither.
+    # The model loop that took the park artifact into its host tier, and the one holding the
+    # system prompt's pin: a model unloaded and loaded again has a new loop holding neither.
     artifact_adopted_by: object | None = attrs.field(default=None, repr=False)
     busy: bool = False                                  # a turn is running
     pinned_tokens: list[int] | None = None              # the system prompt's tokens, once pinned

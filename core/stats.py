@@ -49,7 +49,8 @@ class TickStats:
     accepted_tokens: int = 0    # of those, the ones the model accepted
     verify_steps: int = 0       # steps that verified at least one draft
     # what the prefix cache stored, removed or cleared since the last tick, in order
-    # (core.kv.CacheEvent: references to token lists, never copies; KV events are built from it)
+    # (core.cache_events.CacheEvent: references to token lists, never copies; the kvevents
+    # plugin builds its KV events from them)
     cache_events: list = attrs.field(factory=list)
 
 

@@ -1,4 +1,4 @@
-"""Carries a request's lane events from the scheduler thread into the event loop."""
+"""Carries a request's lane events from the model's thread into the event loop."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ the loop nothing (only replies sent whole were running) has nothing to wait for.
 
 One :class:`LoopCatchup` belongs to one front end and its event loop: the front end's bridges
 count their wake-ups on it, and it is registered as a plugin while the front end serves, so the
-scheduler threads reach it through their ``superfluid_tick_done`` hook, never a module global."""
+models' threads reach it through their ``superfluid_tick_done`` hook, never a module global."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class LoopCatchup:
         self.loop: asyncio.AbstractEventLoop | None = loop
         self.enabled = enabled_by_env() if enabled is None else enabled
         self.posted = 0  # wake-ups bridges handed to the loop so far
-        self._seen = threading.local()  # per scheduler thread: ``posted`` at its last catch-up
+        self._seen = threading.local()  # per model's thread: ``posted`` at its last catch-up
 
     def note_post(self) -> None:
         """A bridge handed the loop an event (a racing thread may lose an increment: the count
@@ -44,7 +44,7 @@ class LoopCatchup:
         self.loop = None
 
     def wait_for_loop(self) -> None:
-        """Called on a scheduler thread after a tick: return once the loop has run what was queued
+        """Called on a model's thread after a tick: return once the loop has run what was queued
         (two hops: the deliveries, then the handlers they woke), or after MAX_WAIT_S; at once if no
         event reached the loop since this thread's last call."""
         loop = self.loop

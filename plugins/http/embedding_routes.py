@@ -154,7 +154,7 @@ class EmbeddingRoutes:
         fmt = encoding_format(body)
         check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
         prompts = tokens_of(runtime, raw_inputs(body))
-        check_context(prompts, runtime.scheduler.settings.context_length)
+        check_context(prompts, runtime.loop.settings.context_length)
         cls = note_class(request, request_class(request, self.config, body))
         key = request_key(request)
         if key is not None:
@@ -207,7 +207,7 @@ class _Batch:
 
     async def _one(self, index: int, tokens: list[int]) -> tuple[tuple, int]:
         async with self.window:
-            scheduler = self.runtime.scheduler
+            scheduler = self.runtime.loop
             bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=True, catchup=self.catchup)
             req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True,
                           reuse_prefix=False, arrived=self.arrived, meta={"embedding": True})

@@ -68,7 +68,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 class EventHub:
     """Collects ticks (the model threads) and serves snapshots (the event loop).
 
-    ``daemon``: its ``models`` (name -> runtime with ``.scheduler.snapshot()``); ``policy``: the
+    ``daemon``: its ``models`` (name -> runtime with ``.loop.snapshot()``); ``policy``: the
     :class:`~.keys.PolicyFile` (None: no key policy, no ``keys`` in snapshots)."""
 
     def __init__(self, daemon, policy=None, *, max_readers: int = MAX_READERS, stall_s: float = STALL_S,
@@ -192,7 +192,7 @@ class EventHub:
         for name, rt in list(self.daemon.models.items()):
             if model is not None and name != model:
                 continue
-            models[name] = self.model_view(name, rt.scheduler.snapshot(), since, now)
+            models[name] = self.model_view(name, rt.loop.snapshot(), since, now)
         data = {"models": models}
         policy = self.policy.current if self.policy is not None else None
         if policy is not None:

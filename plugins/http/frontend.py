@@ -82,7 +82,7 @@ class HttpFrontend:
         host, port = self.config["host"], self.config["port"]
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()
-        # the scheduler threads reach the catch-up through their tick hook (see catchup.py)
+        # the models' threads reach the catch-up through their tick hook (see catchup.py)
         self.daemon.pm.register(self.catchup, name=f"superfluid.http.catchup-{id(self)}")
         # and the /events hub its ticks (a tuple appended per tick) and finished lanes
         self.daemon.pm.register(self.events, name=f"superfluid.http.events-{id(self)}")

@@ -56,7 +56,7 @@ class InfoRoutes:
         healthy = bool(self.daemon.models)
         for name, rt in list(self.daemon.models.items()):
             desc = rt.engine.describe()
-            models[name] = {**desc, "lanes_busy": len(rt.scheduler.lanes), "queued": len(rt.scheduler.queue)}
+            models[name] = {**desc, "lanes_busy": len(rt.loop.lanes), "queued": len(rt.loop.queue)}
             if rt.state != "ready":
                 models[name]["state"] = rt.state
             healthy = healthy and desc.get("state", "ready") == "ready"
@@ -68,7 +68,7 @@ class InfoRoutes:
 
     async def slots(self, request: web.Request) -> web.Response:
         wanted = request.query.get("model")
-        snaps = {name: rt.scheduler.snapshot() for name, rt in list(self.daemon.models.items())
+        snaps = {name: rt.loop.snapshot() for name, rt in list(self.daemon.models.items())
                  if wanted in (None, name)}
         if wanted is not None and not snaps:
             self.daemon.get(wanted)  # raises the 404 with the list of models (503: unloaded)

@@ -106,7 +106,7 @@ class Metrics:
         self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
 
     def _child(self, metric, *labels):
-        """``metric.labels(*labels)``, remembered: the scheduler thread updates some thirty
+        """``metric.labels(*labels)``, remembered: the model's thread updates some thirty
         series after every tick, and ``labels()`` validates and locks on every call."""
         key = (metric, labels)
         child = self._children.get(key)

@@ -109,7 +109,7 @@ class ModelServerGauges:
     def collect(self):
         waiting, running, usage, info = families = self._families()
         for name, runtime in list((self._models() if self._models else {}).items()):
-            loop = runtime.scheduler
+            loop = runtime.loop
             waiting.add_metric([name], len(loop.queue))
             running.add_metric([name], len(loop.lanes))
             usage.add_metric([name], self.usage(name))

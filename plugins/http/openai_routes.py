@@ -70,7 +70,7 @@ class OpenAIRoutes:
         prep = self.preparer.prepare(request, body, kind, arrived=arrived, make_sink=self._sink, qos=qos)
         if on_finish is not None and len(prep.requests) > 1:
             raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")
-        reqs, scheduler = prep.requests, prep.runtime.scheduler
+        reqs, scheduler = prep.requests, prep.runtime.loop
         key = request_key(request)
         if key is not None:
             request[HEADERS] = (self.key_limits, key)  # x-ratelimit-* on the response, 429 or not

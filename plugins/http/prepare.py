@@ -2,8 +2,9 @@
 (model runtime, core Request, tool plan, stream flags) that the routes then only read.
 
 Everything a client can get wrong is found here, as a 400 naming the field, before anything
-reaches a scheduler; what only the scheduler knows (the prompt against the context length) it
-checks itself on submit, so this module does not repeat it."""
+reaches a model, but what the model's loop checks on submit for every front end (the prompt
+against the context length, a generation from an embedding-only model, a schema llguidance
+cannot enforce): this module does not repeat those."""
 
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ class Preparer:
             runtime, tokens = self._completion_prompt(body)
         check_model(request, runtime.name)
         key = request_key(request)
-        ctx = runtime.scheduler.settings.context_length
+        ctx = runtime.loop.settings.context_length
         stream = params.boolean(body, "stream")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
         asked = _asked(body, kind, tools)
@@ -246,7 +247,6 @@ class Preparer:
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
         elif asked.json is not None:  # response_format: the whole reply held to its schema
             sampling = attrs.evolve(sampling, json_schema=asked.json)
-            response_format.enforceable(sampling)
         stop = params.stop_strings(body) + tools.stop
         ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
         cls = request_class(request, self.config, body)  # the header is validated also when overridden
@@ -294,9 +294,6 @@ def _asked(body: dict, kind: str, tools: ToolPlan) -> _Asked:
 def _engine_serves(runtime, asked: _Asked) -> None:
     """A feature the model's engine lacks is a 400 naming the field that asked for it."""
     caps, name = runtime.engine.capabilities, runtime.name
-    if not getattr(caps, "generates", True):
-        raise InvalidRequest(f"model {name!r} is embedding-only (embedding-only = true): use /v1/embeddings",
-                             param="model", code="model_not_generative")  # as ModelLoop.submit says it
     needs = ((asked.json is not None, "grammars", "response_format", "constrained (JSON) output"),
              (asked.logprobs is not None, "logprobs", "logprobs", "logprobs"),
              (asked.logit_bias, "logit_bias", "logit_bias", "logit_bias"))
@@ -318,9 +315,10 @@ def _sibling(first: Request, bridge, index: int) -> Request:
 
 
 def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = None) -> dict:
-    """The Request's notes for the scheduler: a chat's prompt is its messages; a constraint the
-    scheduler finds it cannot enforce came from this field; ``tenant`` (the API key's name, else
-    the body's ``user``) is whom the request is for, for a policy that shares lanes fairly."""
+    """The Request's notes for the model: a chat's prompt is its messages; a constraint its loop
+    finds it cannot enforce came from this field (its 400 names it); ``tenant`` (the API key's
+    name, else the body's ``user``) is whom the request is for, for a policy that shares lanes
+    fairly."""
     meta = {"chat": kind == "chat", "fim": fim}
     if tenant is not None:
         meta["tenant"] = tenant

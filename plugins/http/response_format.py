@@ -2,17 +2,17 @@
 
 A JSON format becomes a :class:`~superfluid.core.request.JsonConstraint` with one choice and no
 lead, which the engine enforces token by token (llguidance, :mod:`superfluid.core.constrain`).
-A schema llguidance cannot enforce is a 400 (``unsupported_schema``, llguidance's reason in the
-message) before anything is queued: a client that asked for a schema must never get a free-form
-answer it would take for a valid one."""
+A schema llguidance cannot enforce is refused by the model's loop on submit, for every front end
+(a 400 ``unsupported_schema`` naming ``response_format``, llguidance's reason in the message):
+a client that asked for a schema must never get a free-form answer it would take for a valid
+one."""
 
 from __future__ import annotations
 
 import re
 
-from superfluid.core.constrain import UnsupportedConstraint, check
 from superfluid.core.errors import InvalidRequest
-from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
+from superfluid.core.request import JsonChoice, JsonConstraint
 
 ANY_OBJECT = {"type": "object"}
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -73,12 +73,3 @@ def _schema(spec) -> dict:
         raise _bad(f"{where}.schema must be a JSON Schema object", f"{where}.schema", "invalid_type")
     return schema
 
-
-def enforceable(sampling: SamplingParams, param: str = FIELD) -> None:
-    """A 400 ``unsupported_schema`` with llguidance's reason if the constraint cannot be enforced."""
-    try:
-        check(sampling)
-    except UnsupportedConstraint as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "rejected by llguidance"
-        raise InvalidRequest(f"{param}: this schema cannot be enforced: {reason}", param=param,
-                             code="unsupported_schema") from None

@@ -66,14 +66,14 @@ class SessionRoutes:
         return web.json_response(session.view(), status=201)
 
     def _pin(self, session, runtime) -> None:
-        """Pin the session's system prompt in the model's prefix cache, once per scheduler: a
-        model unloaded and loaded again starts with no pins."""
-        if not session.pin_system or session.state == "closed" or session.pinned_by is runtime.scheduler:
+        """Pin the session's system prompt in the model's prefix cache, once per model loop:
+        a model unloaded and loaded again starts with no pins."""
+        if not session.pin_system or session.state == "closed" or session.pinned_by is runtime.loop:
             return
         if session.pinned_tokens is None:
             session.pinned_tokens = self.openai.preparer.chat_prefix_tokens(runtime, session.history()[:1])
-        runtime.scheduler.pin_prefix(session.pinned_tokens)
-        session.pinned_by = runtime.scheduler
+        runtime.loop.pin_prefix(session.pinned_tokens)
+        session.pinned_by = runtime.loop
 
     async def list(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list",
@@ -88,8 +88,8 @@ class SessionRoutes:
         session = self._usable(request, request.match_info["sid"], idle=True)
         self.store.close(session)
         runtime = self.daemon.models.get(session.model)
-        if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.scheduler:
-            runtime.scheduler.pin_prefix(session.pinned_tokens, pin=False)
+        if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.loop:
+            runtime.loop.pin_prefix(session.pinned_tokens, pin=False)
         session.pinned_by = None
         return web.json_response({"id": session.id, "object": "session.deleted", "deleted": True})
 
@@ -114,10 +114,10 @@ class SessionRoutes:
         params.chat_messages(body)  # validates the new messages (400s name the field)
         runtime = self.daemon.get(session.model)
         self._pin(session, runtime)
-        if session.artifact_tokens and session.artifact_adopted_by is not runtime.scheduler:
+        if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
             # restored instead of prefilled (again after a reload: the old host tier is gone)
-            if runtime.scheduler.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
-                session.artifact_adopted_by = runtime.scheduler
+            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
+                session.artifact_adopted_by = runtime.loop
         self.store.resumed(session)
         await self._fit(session, runtime, body)
         full = {**body, "model": session.model, "messages": session.history() + body["messages"]}
@@ -141,7 +141,7 @@ class SessionRoutes:
         fills at most half the context. If nothing fits, the turn fails as a chat would (400)."""
         if self.config["session-overflow"] != "truncate" or not session.messages:
             return
-        ctx = runtime.scheduler.settings.context_length
+        ctx = runtime.loop.settings.context_length
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         reserve = asked if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < ctx else ctx // 8
         loop = asyncio.get_running_loop()

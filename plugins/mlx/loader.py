@@ -14,7 +14,6 @@ does on the same file."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -150,11 +149,6 @@ def load_directory(path: str):
 
 def is_model_directory(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
-
-
-def directory_config(path: str) -> dict:
-    with open(os.path.join(path, "config.json")) as fh:
-        return json.load(fh)
 
 
 def load(path: str):

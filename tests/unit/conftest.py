@@ -63,7 +63,7 @@ def make(plugin_manager):
     for loop, engine in made:
         engine.unblock()
         loop.close(timeout=WAIT)
-        assert not loop.running, "scheduler thread did not stop"
+        assert not loop.running, "model thread did not stop"
 
 
 def fake_time(clock: Clock) -> SimpleNamespace:

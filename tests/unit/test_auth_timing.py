@@ -2,11 +2,12 @@
 once per request (a whole reply, a stream, a 401, a 429), never for /health, and with the key
 limiter's admit and release counted in the request whose task calls them. An in-process aiohttp
 app with the real middlewares and a route that uses the limiter as the OpenAI routes do; no
-model, no timing assertion."""
+model, and no upper bound on any time."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import types
 
 from aiohttp import web
@@ -78,9 +79,31 @@ def bearer(secret: str) -> dict:
 
 
 def test_door_time_counts_only_inside_a_request():
+    """A limiter call wrapped in door_time adds its time to the cost of the request whose context
+    runs it; outside a request (or once it is over) the block still runs and nothing is counted."""
     limits = KeyLimits()
-    with auth.door_time():  # outside a request: the block runs, nothing is counted
+
+    def limiter_call() -> None:
         limits.admit(None, 1).end(0)
+        time.sleep(0.002)  # a block long enough to see in the sum
+
+    before = observed()
+    with auth.door_time():  # outside a request: the block runs, nothing is counted
+        limiter_call()
+    assert observed() == before
+
+    cost = auth._Cost()
+    token = auth._CURRENT.set(cost)  # what the middleware does around a handler
+    try:
+        with auth.door_time():
+            limiter_call()
+    finally:
+        auth._CURRENT.reset(token)
+    assert cost.seconds >= 0.002
+    spent = cost.seconds
+    with auth.door_time():  # the request is over: its cost no longer grows
+        limiter_call()
+    assert cost.seconds == spent and observed() == before
 
 
 def test_each_request_is_observed_once():

@@ -191,7 +191,7 @@ def node_exposition() -> dict[str, list]:
     with a fake runtime (what the collector reads of it) would have it."""
     metrics = Metrics()
     loop = SimpleNamespace(queue=[object()], lanes=[object()])
-    metrics.serve_models(lambda: {"smollm2": SimpleNamespace(scheduler=loop, engine=SimpleNamespace(describe=dict))})
+    metrics.serve_models(lambda: {"smollm2": SimpleNamespace(loop=loop, engine=SimpleNamespace(describe=dict))})
     metrics.tick_done("smollm2", TickStats(
         model="smollm2", seconds=0.01, prefill_tokens=5, decode_tokens=1, prefill_budget=64, decode_grant=1,
         lanes_busy=1, max_lanes=8, queue_depth=1, stopped_early=False, kv_used=300, kv_capacity=2048,

@@ -1,4 +1,4 @@
-"""The bridge between a scheduler thread and the HTTP event loop: replies sent whole hold their
+"""The bridge between a model's thread and the HTTP event loop: replies sent whole hold their
 deltas until the final event, streams get each as it comes, and the catch-up wait is skipped
 when a tick handed the loop nothing."""
 

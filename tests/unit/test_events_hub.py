@@ -65,7 +65,7 @@ def _slots_view() -> dict:
 
 def _hub(view=None, **kw) -> tuple[ev.EventHub, FakeLoop]:
     loop = FakeLoop(view or _slots_view())
-    daemon = SimpleNamespace(models={"m": SimpleNamespace(scheduler=loop)})
+    daemon = SimpleNamespace(models={"m": SimpleNamespace(loop=loop)})
     return ev.EventHub(daemon, **kw), loop
 
 
@@ -240,7 +240,7 @@ def test_query():
 def test_a_real_scheduler_snapshot(make, plugin_manager):
     """The schema from a real ModelLoop on a fake engine, its ticks heard through the hook."""
     loop, engine = make(start=False, max_batch=2)
-    hub = ev.EventHub(SimpleNamespace(models={loop.name: SimpleNamespace(scheduler=loop)}))
+    hub = ev.EventHub(SimpleNamespace(models={loop.name: SimpleNamespace(loop=loop)}))
     name = f"events-{uuid.uuid4().hex[:8]}"
     plugin_manager.register(hub, name)
     try:

@@ -110,8 +110,7 @@ def _validate(kind: str, body) -> None:
             n_prompt += len(params.text(body, key))
     params.boolean(body, "stream")
     max_tokens(body, kind != "completion", n_prompt, 2048)
-    if "sampling" not in KNOWN_STAGE_BUGS:  # (test_field_validators shows it failing meanwhile)
-        params.sampling(body)
+    params.sampling(body)
     params.stop_strings(body)
     params.boolean(body, "ignore_eos")
     params.boolean(body, "cache_prompt", True)
@@ -147,29 +146,11 @@ STAGES = {
     "max_tokens": lambda body: max_tokens(body, True, 10, 2048),
     "tools": lambda body: tool_validate.plan(body, grammars=True),
 }
+
+
 # Each stage on its own, so the later ones see bodies an earlier stage would have refused.
-def _sampling_broken() -> bool:
-    """The sampling bugs this fuzzer found, while they are not fixed (then the fuzzing skips them)."""
-    for body in ({"temperature": 10 ** 400}, {"repeat_penalty": "x"}):
-        try:
-            params.sampling(body)
-        except SuperfluidError as exc:
-            if exc.param not in body:
-                return True
-        except OverflowError:
-            return True
-    return False
-
-
-KNOWN_STAGE_BUGS = {"sampling": "huge integers (> 1e308) reach math.isfinite: OverflowError (a 500); "
-                                "repeat_penalty's errors name param 'r'"} if _sampling_broken() else {}
-
-
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_field_validators(stage):
-    if stage in KNOWN_STAGE_BUGS:
-        pytest.xfail("found by this fuzzer, not fixed yet: " + KNOWN_STAGE_BUGS[stage])
-
     @FUZZ
     @given(body=st.lists(st.sampled_from(sorted(params.CHAT_FIELDS | params.COMPLETION_FIELDS)).flatmap(
         lambda k: st.tuples(st.just(k), NEAR.get(k, json_values))), max_size=6).map(dict))
@@ -182,14 +163,15 @@ def test_field_validators(stage):
     check()
 
 
-@pytest.mark.parametrize("body, error", [({"temperature": 10 ** 400}, OverflowError),
-                                         ({"repeat_penalty": "x"}, AssertionError)])
-def test_sampling_found(body, error):
-    """Found by this fuzzer (an OverflowError, a 500; errors naming param 'r'), fixed in params.py."""
-    try:
+@pytest.mark.parametrize("body", [{"temperature": 10 ** 400}, {"repeat_penalty": "x"}],
+                         ids=["huge-integer-was-an-overflow-500", "repeat-penalty-error-named-r"])
+def test_sampling_found(body):
+    """Found by this fuzzer, fixed in params.py: a huge integer reached math.isfinite (an
+    OverflowError, a 500), and repeat_penalty's errors named param 'r'. Each is a 400 naming its
+    field now."""
+    with pytest.raises(SuperfluidError) as info:
         params.sampling(body)
-    except SuperfluidError as exc:
-        _client_error(exc, body)
+    assert info.value.status == 400 and info.value.param == next(iter(body)), info.value.message
 
 
 def test_read_body_long_integer():

@@ -1,15 +1,17 @@
-"""plugins/http/catchup.py: the catch-up is one front end's object, reached by the scheduler
+"""plugins/http/catchup.py: the catch-up is one front end's object, reached by the models'
 threads through the tick hook it registers, not through module state."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pluggy
 
 from superfluid.core import hookspecs
 from superfluid.core.lane import LaneEvent
+from superfluid.plugins.http import catchup as catchup_module
 from superfluid.plugins.http.bridge import EventBridge
 from superfluid.plugins.http.catchup import LoopCatchup
 
@@ -51,12 +53,25 @@ def test_the_tick_hook_reaches_a_registered_catchup_and_stops_at_detach():
     assert len(waits) == 1 and loop is None
 
 
-def test_a_detached_or_disabled_catchup_returns_at_once():
-    LoopCatchup(None, enabled=True).wait_for_loop()
+def test_a_detached_or_disabled_catchup_returns_at_once(monkeypatch):
+    """Called from the loop's own thread (so the loop cannot run), an enabled catch-up waits its
+    whole MAX_WAIT_S; a disabled one, a detached one and one with no loop return at once."""
+    monkeypatch.setattr(catchup_module, "MAX_WAIT_S", 0.5)  # long enough to tell a wait from none
+
+    def seconds_waited(catchup: LoopCatchup) -> float:
+        catchup.note_post()  # an event reached the loop since the last call: something to wait for
+        start = time.perf_counter()
+        catchup.wait_for_loop()
+        return time.perf_counter() - start
 
     async def main():
-        catchup = LoopCatchup(asyncio.get_running_loop(), enabled=False)
-        catchup.note_post()
-        catchup.wait_for_loop()  # would wait MAX_WAIT_S for a loop it blocks; disabled: returns
+        loop = asyncio.get_running_loop()
+        detached = LoopCatchup(loop, enabled=True)
+        detached.detach()
+        return (seconds_waited(LoopCatchup(loop, enabled=True)),
+                [seconds_waited(c) for c in (LoopCatchup(loop, enabled=False), detached,
+                                             LoopCatchup(None, enabled=True))])
 
-    asyncio.run(main())
+    enabled, at_once = asyncio.run(main())
+    assert enabled >= 0.5  # the control: a catch-up that waits is seen waiting here
+    assert max(at_once) < 0.25, at_once

@@ -46,7 +46,7 @@ class Scheduler:
 def routes(scheduler) -> OpenAIRoutes:
     daemon = FakeDaemon(True, 64)
     runtime = daemon.runtime
-    runtime.scheduler.submit, runtime.scheduler.cancel = scheduler.submit, scheduler.cancel
+    runtime.loop.submit, runtime.loop.cancel = scheduler.submit, scheduler.cancel
     runtime.engine.token_bytes = lambda t: b""
     runtime.engine.capabilities.generates = True
     return OpenAIRoutes(daemon, CONFIG)

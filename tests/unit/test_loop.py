@@ -270,7 +270,8 @@ def test_hook_failure_does_not_hang_the_model(make):
 
 def test_what_the_model_cannot_serve_is_refused_on_submit(make):
     """Fake engine: a constraint llguidance cannot enforce, an embedding from an engine with none,
-    a generation from an embedding-only model: 400s before anything is queued."""
+    a generation from an embedding-only model: 400s before anything is queued, the one check
+    every front end gets (the HTTP front end repeats none of it), worded as clients read it."""
     pytest.importorskip("llguidance")
     import attrs
 
@@ -280,15 +281,21 @@ def test_what_the_model_cannot_serve_is_refused_on_submit(make):
     loop, engine = make()
     bad = SamplingParams(json_schema=JsonConstraint(choices=(JsonChoice("", {"type": "string", "format": "nope"}),)))
     cases = [(Request(prompt_tokens=[1, 2], max_tokens=2, sink=lambda e: None, sampling=bad,
-                      meta={"constraint_param": "tools"}), "unsupported_schema", "tools"),
-             (Request(prompt_tokens=[1, 2], max_tokens=1, sink=lambda e: None, embed=True),
-              "embeddings_not_supported", "model")]
-    for req, code, param in cases:
+                      meta={"constraint_param": field}), "unsupported_schema", field,
+              f"{field}: this schema cannot be enforced: ") for field in ("tools", "response_format")]
+    cases += [(Request(prompt_tokens=[1, 2], max_tokens=1, sink=lambda e: None, embed=True),
+               "embeddings_not_supported", "model", f"model {loop.name!r} does not serve embeddings")]
+    for req, code, param, message in cases:
         with pytest.raises(InvalidRequest) as info:
             loop.submit(req)
-        assert (info.value.code, info.value.param) == (code, param)
+        err = info.value
+        assert (err.status, err.code, err.param) == (400, code, param)
+        assert err.message.startswith(message) and "\n" not in err.message, err.message
+        assert code != "unsupported_schema" or "nope" in err.message  # llguidance's reason names it
     engine.capabilities = attrs.evolve(engine.capabilities, generates=False)
     with pytest.raises(InvalidRequest) as info:
         loop.submit(Request(prompt_tokens=[1, 2], max_tokens=2, sink=lambda e: None))
-    assert info.value.code == "model_not_generative"
+    assert (info.value.code, info.value.param, info.value.message) == (
+        "model_not_generative", "model", f"model {loop.name!r} is embedding-only (embedding-only = true): use "
+        "/v1/embeddings")
     assert not loop.scheduler.queue and not loop.scheduler.lanes

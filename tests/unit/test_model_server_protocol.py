@@ -18,7 +18,7 @@ from superfluid.plugins.http.model_server_metrics import (CACHE_INFO, CELL_BLOCK
 def runtime(queued: int = 0, running: int = 0, describe: dict | None = None):
     """What the collector reads of a daemon's ModelRuntime: its loop's queue and lanes, its engine."""
     loop = SimpleNamespace(queue=[object()] * queued, lanes=[object()] * running)
-    return SimpleNamespace(scheduler=loop, engine=SimpleNamespace(describe=lambda: describe or {}))
+    return SimpleNamespace(loop=loop, engine=SimpleNamespace(describe=lambda: describe or {}))
 
 
 def stats(model: str, kv_used: int, cached: int, capacity: int) -> TickStats:

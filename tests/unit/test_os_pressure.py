@@ -144,9 +144,9 @@ def test_critical_preempts_decoding_background_lanes_only(stepped):
 
 def test_a_failing_pressure_source_does_not_stop_the_model(make, monkeypatch):
     died = []
-    monkeypatch.setattr(threading, "excepthook", died.append)   # the scheduler thread's uncaught exception
+    monkeypatch.setattr(threading, "excepthook", died.append)   # the model's thread's uncaught exception
     loop, engine = make(sources=[RaisingSource()], prefix_cache=True)
     _, sink = submit(loop, prompt(100, 20), 2)
     wait_for(lambda: sink.done.is_set() or not loop.running)
-    assert loop.running, f"scheduler thread died: {[repr(a.exc_value) for a in died]}"
+    assert loop.running, f"model thread died: {[repr(a.exc_value) for a in died]}"
     assert sink.done.is_set() and sink.events[-1].kind == "finished"

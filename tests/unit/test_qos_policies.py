@@ -1,6 +1,6 @@
 """The default QoS policies (plugins/qos) called directly, on hand-built lanes.
 
-No scheduler thread and no engine: each test builds Lane objects from Requests, puts them in the
+No model thread and no engine: each test builds Lane objects from Requests, puts them in the
 state it needs (slot, n_cached, generated tokens, waited ticks, admission time) and calls one
 policy function: class vocabulary (core/qos.py), admission order and preemption victims
 (admission.py), tick planning (planner.py) with a real CostModel fed StepTimings, and the
