@@ -3,6 +3,7 @@ top-level core or plugins, and registers the built-in plugins through the entry-
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,13 +13,28 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_layout_and_entry_points(tmp_path):
+    # built from a copy of the sources: a checkout's build/ folder (ignored by git) keeps modules
+    # that were moved or deleted since it was made, and setuptools would pack them too
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("core", "plugins"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=300)
+                    "-w", str(tmp_path), str(source)], check=True, timeout=300)
     wheel = next(tmp_path.glob("superfluid-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "superfluid/core/scheduler.py" in names
     assert "superfluid/plugins/llamacpp/worker.py" in names
-    assert "superfluid/plugins/http/openai_routes.py" in names
+    assert "superfluid/plugins/http/openai/routes.py" in names
+    # every package of the source tree (pyproject.toml lists them by name), and the dashboard page
+    packages = sorted(str(p.parent.relative_to(ROOT)) for top in ("core", "plugins")
+                      for p in ROOT.glob(f"{top}/**/__init__.py"))
+    assert "plugins/http/prepare" in packages
+    missing = [p for p in packages if f"superfluid/{p}/__init__.py" not in names]
+    assert not missing, f"packages missing from the wheel (pyproject.toml's list): {missing}"
+    assert "superfluid/plugins/http/static/dashboard.html" in names
     assert not [n for n in names if n.startswith(("core/", "plugins/", "tests/", "tools/"))]
     # the llama.cpp worker's decode loop in C (setup.py), compiled into the wheel
     assert [n for n in names if n.startswith("superfluid/plugins/llamacpp/_rounds.") and n.endswith(".so")]

@@ -1,5 +1,9 @@
 """The HTTP front end (aiohttp): the OpenAI API, llama.cpp-style /infill, /health, /slots and
-/metrics."""
+/metrics.
+
+This module is the plugin's hooks; the front end itself is a folder per concern (``openai/``,
+``prepare/``, ``keys/``, ``events/``, ``manage/``, ``info/``, ``cli/``), which
+docs/architecture.md maps ("The HTTP front end")."""
 
 from __future__ import annotations
 
@@ -10,10 +14,10 @@ from superfluid.core.config import ModelConfig, Option, in_range
 from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
-from .fim import FIM_MODEL_NAME
-from .limits import STOP_CAP, TOOLS_CAP
-from .metrics import METRICS
-from .ratelimit import parse_rate
+from .info.metrics import METRICS
+from .input_limits import STOP_CAP, TOOLS_CAP
+from .keys.rate_limit import parse_rate
+from .prepare.fim import FIM_MODEL_NAME
 
 MAX_FIM_CONTEXT = 8192
 
@@ -84,8 +88,8 @@ def superfluid_configure(config):
 def _check_policy(config):
     """Before any model loads: a bad key policy stops here (a ConfigError naming the line and the
     key), and so does an open door, a non-loopback --host with no key policy and no --insecure."""
-    from .auth import open_door
-    from .keys import load_policy
+    from .keys.auth import open_door
+    from .keys.policy import load_policy
     if config.get("key-policy"):
         load_policy(config["key-policy"])
     refusal = open_door(config.get("host"), config.get("key-policy"), bool(config.get("insecure")))
@@ -95,9 +99,9 @@ def _check_policy(config):
 
 @hookimpl
 def superfluid_add_commands(register):
-    from . import keys_command, top_command
-    register("keys", keys_command.HELP, keys_command.add_arguments, keys_command.run)
-    register("top", top_command.HELP, top_command.add_arguments, top_command.run)
+    from .cli import keys, top
+    register("keys", keys.HELP, keys.add_arguments, keys.run)
+    register("top", top.HELP, top.add_arguments, top.run)
 
 
 def _configure_fim(config):

@@ -8,20 +8,20 @@ import signal
 
 from aiohttp import web
 
-from . import auth
-from .admin_routes import AdminRoutes
 from .catchup import LoopCatchup
-from .embedding_routes import EmbeddingRoutes
 from .errors import json_errors
-from .event_keys import TeeMetrics
-from .events import EventHub
-from .events_routes import EventsRoutes
-from .info_routes import InfoRoutes
-from .keys import PolicyFile
-from .limits import LIMITS, Limits, guard
-from .openai_routes import OpenAIRoutes
-from .session_routes import SessionRoutes
-from .tokenize_routes import TokenizeRoutes
+from .events.hub import EventHub
+from .events.key_tally import TeeMetrics
+from .events.routes import EventsRoutes
+from .info.routes import InfoRoutes
+from .input_limits import LIMITS, Limits, guard
+from .keys import auth
+from .keys.policy import PolicyFile
+from .manage.admin import AdminRoutes
+from .manage.sessions import SessionRoutes
+from .openai.embeddings import EmbeddingRoutes
+from .openai.routes import OpenAIRoutes
+from .openai.tokenize import TokenizeRoutes
 
 log = logging.getLogger("superfluid.http")
 
@@ -74,7 +74,7 @@ class HttpFrontend:
         self.events = EventHub(self.daemon, self.keys)
         app = build_app(self.daemon, self.config, self.catchup, self.keys, self.events)
         # handler_cancellation: a client that disconnects cancels its handler, which cancels its lane.
-        # keep-alive, header size and head deadline: the connections are GuardedHandlers (limits.py)
+        # keep-alive, header size and head deadline: the connections are GuardedHandlers (input_limits.py)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                     **app[LIMITS].server_kwargs())
         await self.runner.setup()

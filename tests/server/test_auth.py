@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 SECRETS = {"user": "sk-user-secret", "top": "sk-top-secret", "admin": "sk-admin-secret",
            "limited": "sk-limited-secret"}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 CHROMIUM = "/usr/bin/chromium"
 # The machine's network is closed: these stop Chromium's own background connections.

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 
 def _embed(client, texts, **kw):

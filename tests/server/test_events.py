@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
 SECRETS = {"user": "sk-ev-user-1", "watcher": "sk-ev-watch-1", "admin": "sk-ev-admin-1"}

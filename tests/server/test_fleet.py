@@ -23,7 +23,7 @@ from superfluid.core import lifeline
 from . import serverproc
 from .conftest import TEST_CONTEXT
 from .serverproc import ServerProcess, free_port
-from superfluid.plugins.http.keys import new_key
+from superfluid.plugins.http.keys.policy import new_key
 
 pytest.importorskip("smg")
 openai = pytest.importorskip("openai")

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 from .test_auth import ASK, call, error
 

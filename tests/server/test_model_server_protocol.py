@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from superfluid.plugins.http.model_server_metrics import CACHE_INFO, KV_USAGE, RUNNING, WAITING
+from superfluid.plugins.http.info.model_server_metrics import CACHE_INFO, KV_USAGE, RUNNING, WAITING
 
 MODEL = "smollm2"
 PROMPT = " ".join(f"word{i}" for i in range(100))  # about 300 tokens: one lane holds them a while

@@ -13,9 +13,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from superfluid.core.cli import load
-from superfluid.plugins.http import params
+from superfluid.plugins.http.prepare import params
 from superfluid.plugins.http.frontend import build_app
-from superfluid.plugins.http.openapi import document
+from superfluid.plugins.http.info.openapi import document
 
 METHODS = {"get", "put", "post", "delete", "patch", "options", "head", "trace"}
 
@@ -133,11 +133,11 @@ def test_error_shape():
 
 
 def test_other_request_bodies_are_the_accepted_fields():
-    from superfluid.plugins.http import embedding_routes, tokenize_routes
+    from superfluid.plugins.http.openai import embeddings, tokenize
     schemas = document()["components"]["schemas"]
-    for name, fields in (("EmbeddingRequest", embedding_routes.FIELDS),
-                         ("TokenizeRequest", tokenize_routes.TOKENIZE_FIELDS),
-                         ("DetokenizeRequest", tokenize_routes.DETOKENIZE_FIELDS)):
+    for name, fields in (("EmbeddingRequest", embeddings.FIELDS),
+                         ("TokenizeRequest", tokenize.TOKENIZE_FIELDS),
+                         ("DetokenizeRequest", tokenize.DETOKENIZE_FIELDS)):
         assert set(schemas[name]["properties"]) == fields, name
         assert schemas[name]["additionalProperties"] is False
 

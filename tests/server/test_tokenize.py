@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from superfluid.plugins.http.keys import hash_secret
+from superfluid.plugins.http.keys.policy import hash_secret
 
 
 def test_tokenize_detokenize_round_trip(server):

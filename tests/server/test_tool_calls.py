@@ -9,7 +9,7 @@ import random
 import pytest
 
 from superfluid.core.chat import template_caps
-from superfluid.plugins.http import tool_format, tool_parse, tool_render, tool_validate
+from superfluid.plugins.http.prepare import tool_format, tool_parse, tool_render, tool_validate
 
 from .test_bad_input import body, post
 

@@ -13,11 +13,11 @@ import types
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from superfluid.plugins.http import auth
 from superfluid.plugins.http.errors import json_errors
-from superfluid.plugins.http.key_limits import HEADERS, KeyLimits
-from superfluid.plugins.http.keys import hash_secret, parse_policy
-from superfluid.plugins.http.metrics import METRICS
+from superfluid.plugins.http.info.metrics import METRICS
+from superfluid.plugins.http.keys import auth
+from superfluid.plugins.http.keys.limits import HEADERS, KeyLimits
+from superfluid.plugins.http.keys.policy import hash_secret, parse_policy
 
 POLICY = f"""[keys.free]
 sha256 = "{hash_secret("sk-free")}"

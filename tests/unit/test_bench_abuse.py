@@ -1,6 +1,6 @@
 """tools.bench.abuse without a server: its arguments, policy file and report table."""
 
-from plugins.http.keys import load_policy
+from plugins.http.keys.policy import load_policy
 from tools.bench import abuse
 
 

@@ -20,7 +20,7 @@ from superfluid.core.stats import TickStats
 from superfluid.plugins.fleet.config import add_arguments as fleet_arguments
 from superfluid.plugins.fleet.config import from_args as fleet_config
 from superfluid.plugins.fleet.nodes import read_discovery
-from superfluid.plugins.http.metrics import Metrics
+from superfluid.plugins.http.info.metrics import Metrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBE = DEPLOY / "kubernetes"

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from superfluid.core.cli import load
 from superfluid.plugins.http.frontend import build_app
-from superfluid.plugins.http.keys import PolicyFile, hash_secret
+from superfluid.plugins.http.keys.policy import PolicyFile, hash_secret
 
 SECRETS = {"user": "sk-user-x", "watcher": "sk-watch-x", "admin": "sk-admin-x"}
 POLICY = f"""

@@ -1,4 +1,4 @@
-"""The /events hub (plugins/http/events.py) on fake schedulers: what the tick thread pays, the
+"""The /events hub (plugins/http/events/hub.py) on fake schedulers: what the tick thread pays, the
 bounded ring, the snapshot schema of docs/api.md, coalescing for a slow reader, a stalled reader
 dropped without holding up the others, and the reader cap. No model, no server (the real server
 is tests/server/test_events.py)."""
@@ -16,9 +16,9 @@ import pytest
 from superfluid.core import qos
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.stats import TickStats
-from superfluid.plugins.http.event_keys import TeeMetrics
-from superfluid.plugins.http import events as ev
-from superfluid.plugins.http.events_routes import parse_query
+from superfluid.plugins.http.events import hub as ev
+from superfluid.plugins.http.events.key_tally import TeeMetrics
+from superfluid.plugins.http.events.routes import parse_query
 
 from .fakes import submit
 

@@ -1,5 +1,5 @@
 """Property-based fuzzing of the pure parsers: whatever comes in, only the errors they document
-come out. Request bodies (plugins/http/params.py and the tool fields) may raise only a 4xx
+come out. Request bodies (plugins/http/prepare/params.py and the tool fields) may raise only a 4xx
 SuperfluidError naming a field; TOML configuration only ConfigError; chat messages only a 400
 from validation or rendering; the key-policy file only ConfigError.
 
@@ -22,9 +22,10 @@ from superfluid.core.chat import render_chat  # noqa: E402
 from superfluid.core.config import Schema, build_config, core_options, read_toml  # noqa: E402
 from superfluid.core.errors import ConfigError, InvalidRequest, SuperfluidError  # noqa: E402
 from superfluid.core.plugins import make_plugin_manager  # noqa: E402
-from superfluid.plugins.http import params, tool_validate  # noqa: E402
-from superfluid.plugins.http.prepare import max_tokens  # noqa: E402
-from superfluid.plugins.http.tool_render import render_prompt  # noqa: E402
+from superfluid.plugins.http.body import check_fields, read_body  # noqa: E402
+from superfluid.plugins.http.prepare import params, tool_validate  # noqa: E402
+from superfluid.plugins.http.prepare.preparer import max_tokens  # noqa: E402
+from superfluid.plugins.http.prepare.tool_render import render_prompt  # noqa: E402
 
 # derandomized: the same examples on every run, so CI is stable (raise max_examples locally to dig)
 SCALE = float(os.environ.get("SUPERFLUID_FUZZ_SCALE", "1"))  # e.g. 10 to dig deeper locally
@@ -93,7 +94,7 @@ def _body(kind: str):
 
 def _validate(kind: str, body) -> None:
     """What prepare() does with a body before it needs a model (prompts tokenized as bytes)."""
-    params.check_fields(body, params.FIELDS[kind])
+    check_fields(body, params.FIELDS[kind])
     params.unsupported(body)
     if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
         body = {**body, "max_tokens": body["n_predict"] if body["n_predict"] != -1 else None}
@@ -177,7 +178,7 @@ def test_sampling_found(body):
 def test_read_body_long_integer():
     """Found by this fuzzer (Python's 4300-digit limit: a ValueError, a 500), fixed in read_body."""
     with pytest.raises(SuperfluidError):
-        asyncio.run(params.read_body(_Raw(b'{"seed": ' + b"1" * 5000 + b"}")))
+        asyncio.run(read_body(_Raw(b'{"seed": ' + b"1" * 5000 + b"}")))
 
 
 class _Raw:
@@ -199,7 +200,7 @@ _bodies = (st.binary(max_size=64) | st.text(max_size=64).map(str.encode)
 def test_read_body(raw):
     """Any bytes: a value, or a 400 (not UTF-8, empty, not JSON, nested past what we parse)."""
     try:
-        asyncio.run(params.read_body(_Raw(raw)))
+        asyncio.run(read_body(_Raw(raw)))
     except SuperfluidError as exc:
         assert exc.status == 400, exc.message
 
@@ -209,7 +210,7 @@ def test_read_body(raw):
 def test_read_body_deep_nesting(raw):
     """Found by this fuzzer (a RecursionError, a 500), fixed in read_body."""
     with pytest.raises(SuperfluidError) as info:
-        asyncio.run(params.read_body(_Raw(raw)))
+        asyncio.run(read_body(_Raw(raw)))
     assert info.value.status == 400
 
 
@@ -314,11 +315,11 @@ def test_toml_model_name_type():
         build_config(SCHEMA, {"models": [{"path": "x.gguf", "name": [1]}]}, {}, source="fuzz.toml")
 
 
-# ---- the key-policy file (plugins/http/keys.py, when present) --------------------------------
+# ---- the key-policy file (plugins/http/keys/policy.py, when present) --------------------------------
 
 def _keys_module():
     try:
-        from superfluid.plugins.http import keys
+        from superfluid.plugins.http.keys import policy as keys
     except ImportError:
         return None
     return keys if hasattr(keys, "parse_policy") else None
@@ -341,7 +342,7 @@ _policy_text = (st.lists(st.tuples(st.text(max_size=6) | st.sampled_from(["a", "
 def test_key_policy(text):
     keys = _keys_module()
     if keys is None:
-        pytest.skip("plugins/http/keys.py (the key policy) is not there yet")
+        pytest.skip("plugins/http/keys/policy.py (the key policy) is not there yet")
     try:
         keys.parse_policy(text, source="fuzz.toml")
     except ConfigError:
@@ -350,7 +351,7 @@ def test_key_policy(text):
 
 def test_qos_names_are_what_the_schema_lists():
     """The OpenAPI document's QoS enum is the resolver's vocabulary."""
-    from superfluid.plugins.http.openapi import document
+    from superfluid.plugins.http.info.openapi import document
     enum = document()["paths"]["/v1/chat/completions"]["post"]["parameters"][0]["schema"]["enum"]
     assert sorted(enum) == sorted(qos_classes.ALIASES)
     for name in enum:

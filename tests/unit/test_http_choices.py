@@ -1,4 +1,4 @@
-"""plugins/http/choices.py: each choice of a reply shaped from its own lane's events (n > 1
+"""plugins/http/openai/choices.py: each choice of a reply shaped from its own lane's events (n > 1
 interleaved in a stream, echo, prompt scoring, logprobs per chunk), without a server."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import attrs
 from superfluid.core.lane import LaneEvent
 from superfluid.core.request import Request
 from superfluid.core.tick import TokenLogprob
-from superfluid.plugins.http.choices import Choice
-from superfluid.plugins.http.logprob_format import TokenText
-from superfluid.plugins.http.prepare import Prepared
-from superfluid.plugins.http.responses import Shape
-from superfluid.plugins.http.tool_format import ToolPlan
+from superfluid.plugins.http.openai.choices import Choice
+from superfluid.plugins.http.openai.replies import Shape
+from superfluid.plugins.http.prepare.logprob_format import TokenText
+from superfluid.plugins.http.prepare.preparer import Prepared
+from superfluid.plugins.http.prepare.tool_format import ToolPlan
 
 PIECES = {1: b"Hi", 2: b" there", 3: b"!", 7: b"<s>"}
 TEXT = TokenText(lambda t: PIECES.get(t, b""))

@@ -1,6 +1,6 @@
 """The OpenAI request fields beyond plain sampling, parsed and shaped without a server:
 ``response_format``, ``logprobs``/``top_logprobs``, ``n``/``best_of``, ``logit_bias``, and the
-logprobs objects of both APIs (plugins/http/params.py, response_format.py, logprob_format.py)."""
+logprobs objects of both APIs (plugins/http/prepare/: params.py, response_format.py, logprob_format.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from superfluid.core.constrain import check
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 from superfluid.core.tick import TokenLogprob
-from superfluid.plugins.http import logprob_format, params, response_format
-from superfluid.plugins.http.logprob_format import CompletionLogprobs, TokenText, chat_entries
+from superfluid.plugins.http.prepare import logprob_format, params, response_format
+from superfluid.plugins.http.prepare.logprob_format import CompletionLogprobs, TokenText, chat_entries
 
 
 def refused(fn, *args):

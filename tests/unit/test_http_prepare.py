@@ -1,4 +1,4 @@
-"""plugins/http/prepare.py: a body and its headers become one frozen Prepared value, with a fake
+"""plugins/http/prepare/preparer.py: a body and its headers become one frozen Prepared value, with a fake
 daemon (a whitespace tokenizer, a ChatML template); no model, no server."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import attrs
 import pytest
 
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
-from superfluid.plugins.http.prepare import Preparer, max_tokens
-from superfluid.plugins.http.tool_format import CLOSE
+from superfluid.plugins.http.prepare.preparer import Preparer, max_tokens
+from superfluid.plugins.http.prepare.tool_format import CLOSE
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
           "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"

@@ -1,4 +1,4 @@
-"""plugins/http/openai_routes.py with n choices, against a fake scheduler: every choice's lane is
+"""plugins/http/openai/routes.py with n choices, against a fake scheduler: every choice's lane is
 submitted, answered and, when the client goes away or one is refused, cancelled; a key's lane
 slots are counted per choice."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from superfluid.core.errors import QueueFull
 from superfluid.core.lane import LaneEvent
-from superfluid.plugins.http.key_limits import KeyLimits, TooManyConcurrent
-from superfluid.plugins.http.openai_routes import OpenAIRoutes, _admit
+from superfluid.plugins.http.keys.limits import KeyLimits, TooManyConcurrent
+from superfluid.plugins.http.openai.routes import OpenAIRoutes, _admit
 
 from .test_http_prepare import CONFIG, FakeDaemon
 

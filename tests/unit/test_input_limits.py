@@ -1,5 +1,5 @@
 """Input limits (issue 17), the parts that need no model: the loop's --max-queue refusal, the body
-checks of params.read_body, the options, and the per-connection guard of plugins/http/limits.py
+checks of body.read_body, the options, and the per-connection guard of plugins/http/input_limits.py
 against an in-process aiohttp server on a loopback port."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from aiohttp import web
 from superfluid.core.config import Schema, build_config, core_options
 from superfluid.core.errors import InvalidRequest, QueueFull, RequestTimeout
 from superfluid.core.plugins import make_plugin_manager
-from superfluid.plugins.http import params
+from superfluid.plugins.http.body import read_body
 from superfluid.plugins.http.errors import json_errors
-from superfluid.plugins.http.limits import LIMITS, Limits, guard
+from superfluid.plugins.http.prepare import params
+from superfluid.plugins.http.input_limits import LIMITS, Limits, guard
 
 from .fakes import WAIT, FakeEngine, submit
 
@@ -103,7 +104,7 @@ class FakeRequest:
 
 
 def read(data, limits=Limits(), **kw):
-    return asyncio.run(params.read_body(FakeRequest(data, limits, **kw)))
+    return asyncio.run(read_body(FakeRequest(data, limits, **kw)))
 
 
 def test_a_body_over_the_limit_is_413_before_it_is_read():
@@ -146,7 +147,7 @@ LIMITED = Limits(max_body_bytes=1 << 20, max_header_bytes=2 << 10, header_timeou
 
 
 async def _echo(request):
-    body = await params.read_body(request)
+    body = await read_body(request)
     return web.json_response({"n": len(body)})
 
 

@@ -1,4 +1,4 @@
-"""plugins/http/key_limits.py with a fake clock: requests- and tokens-per-minute buckets, lanes,
+"""plugins/http/keys/limits.py with a fake clock: requests- and tokens-per-minute buckets, lanes,
 the 429s' Retry-After and x-ratelimit-* headers, reloads, pruning and the per-key metrics.
 No server, no model."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from superfluid.plugins.http import key_limits as kl
-from superfluid.plugins.http.key_limits import KeyLimits, RateLimited, TooManyConcurrent, duration
-from superfluid.plugins.http.keys import Key
-from superfluid.plugins.http.metrics import Metrics
+from superfluid.plugins.http.info.metrics import Metrics
+from superfluid.plugins.http.keys import limits as kl
+from superfluid.plugins.http.keys.limits import KeyLimits, TooManyConcurrent, duration
+from superfluid.plugins.http.keys.policy import Key
+from superfluid.plugins.http.keys.rate_limit import RateLimited
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""plugins/http/keys.py and the decisions in auth.py: the policy file's parser (errors name the
+"""plugins/http/keys/policy.py and the decisions in keys/auth.py: the policy file's parser (errors name the
 key and the line), hashing, lookup by secret, the class ceiling, `superfluid keys new`, and the
 open-door refusal. No server, no model."""
 
@@ -14,10 +14,11 @@ import pytest
 
 from superfluid.core.cli import main as cli_main
 from superfluid.core.errors import ConfigError
-from superfluid.plugins.http import keys as keys_mod
-from superfluid.plugins.http.auth import KEY, is_loopback_host, open_door
-from superfluid.plugins.http.fim import FimPolicy, RateLimited
-from superfluid.plugins.http.keys import Key, PolicyFile, hash_secret, load_policy, new_key, parse_policy
+from superfluid.plugins.http.keys import policy as keys_mod
+from superfluid.plugins.http.keys.auth import KEY, is_loopback_host, open_door
+from superfluid.plugins.http.keys.policy import Key, PolicyFile, hash_secret, load_policy, new_key, parse_policy
+from superfluid.plugins.http.keys.rate_limit import RateLimited
+from superfluid.plugins.http.prepare.fim import FimPolicy
 
 H1, H2 = hash_secret("one"), hash_secret("two")
 GOOD = f"""# two keys
@@ -242,7 +243,7 @@ def _admin_request(remote: str, path: str = "/admin/models"):
 def test_admin_without_policy_answers_loopback_only(remote, allowed):
     import asyncio
 
-    from superfluid.plugins.http.auth import Forbidden, middleware
+    from superfluid.plugins.http.keys.auth import Forbidden, middleware
 
     async def handler(request):
         return "handled"

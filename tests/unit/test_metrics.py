@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from superfluid.core.stats import TickStats
-from superfluid.plugins.http.metrics import Metrics
+from superfluid.plugins.http.info.metrics import Metrics
 
 
 def stats(**changes) -> TickStats:

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from prometheus_client.parser import text_string_to_metric_families
 
 from superfluid.core.stats import TickStats
-from superfluid.plugins.http.metrics import Metrics
-from superfluid.plugins.http.model_server_metrics import (CACHE_INFO, CELL_BLOCK_TOKENS, KV_USAGE, RUNNING,
+from superfluid.plugins.http.info.metrics import Metrics
+from superfluid.plugins.http.info.model_server_metrics import (CACHE_INFO, CELL_BLOCK_TOKENS, KV_USAGE, RUNNING,
                                                           WAITING)
 
 

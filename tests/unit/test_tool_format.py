@@ -1,4 +1,4 @@
-"""plugins/http/tool_format.py and tool_validate.py: a forced call's rest described as JSON Schemas
+"""plugins/http/prepare/tool_format.py and tool_validate.py: a forced call's rest described as JSON Schemas
 between literal text (the engine-neutral form the llama.cpp plugin turns into its grammar)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
-from superfluid.plugins.http.tool_format import ANY_OBJECT, CLOSE, ToolPlan, call_text, forced_rest
-from superfluid.plugins.http.tool_validate import plan
+from superfluid.plugins.http.prepare.tool_format import ANY_OBJECT, CLOSE, ToolPlan, call_text, forced_rest
+from superfluid.plugins.http.prepare.tool_validate import plan
 
 ARGS = {"type": "object", "properties": {"q": {"type": "string"}}}
 SEARCH = {"type": "function", "function": {"name": "search", "parameters": ARGS}}

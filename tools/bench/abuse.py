@@ -49,7 +49,7 @@ KEYS = {  # name -> class (the key's ceiling)
 
 def write_policy(path: Path) -> dict[str, str]:
     """Write a key policy for :data:`KEYS` and return name -> secret."""
-    from plugins.http.keys import hash_secret
+    from plugins.http.keys.policy import hash_secret
     found = {name: "sk-sf-bench-" + secrets.token_urlsafe(24) for name in KEYS}
     text = "".join(f'[keys.{n}]\nsha256 = "{hash_secret(s)}"\nclass = "{KEYS[n]}"\n\n'
                    for n, s in found.items())

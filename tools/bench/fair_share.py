@@ -38,7 +38,7 @@ POLICIES = {"default": "", "fair-share": "fair-share = true\n"}
 
 def write_policy(path: Path) -> dict[str, str]:
     """A key policy with the four keys (class agent); name -> secret."""
-    from plugins.http.keys import hash_secret
+    from plugins.http.keys.policy import hash_secret
     found = {name: "sk-sf-bench-" + secrets.token_urlsafe(16) for name in KEYS}
     path.write_text("".join(f'[keys.{n}]\nsha256 = "{hash_secret(s)}"\nclass = "agent"\n\n' for n, s in found.items()))
     return found

@@ -15,10 +15,10 @@ from superfluid.core import qos as qos_classes
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.sessions import SessionConflict, SessionNotFound
 
-from . import params
-from .auth import applied_class, check_model, may_see, note_class, request_key
-from .params import read_body
-from .prepare import request_class
+from ..body import check_fields, read_body
+from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
+from ..prepare import params
+from ..prepare.qos_class import request_class
 
 CREATE_FIELDS = {"model", "qos", "system", "pin_system"}
 TURN_FIELDS = params.CHAT_FIELDS - {"model"}
@@ -45,7 +45,7 @@ class SessionRoutes:
         app.router.add_post("/v1/sessions/{sid}/park", self.park)
 
     async def create(self, request: web.Request) -> web.Response:
-        body = params.check_fields(await read_body(request), CREATE_FIELDS)
+        body = check_fields(await read_body(request), CREATE_FIELDS)
         runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         if "qos" in body:
@@ -95,7 +95,7 @@ class SessionRoutes:
 
     async def set_qos(self, request: web.Request) -> web.Response:
         session = self._usable(request, request.match_info["sid"])
-        body = params.check_fields(await read_body(request), {"qos"})
+        body = check_fields(await read_body(request), {"qos"})
         if not isinstance(body.get("qos"), str):
             raise InvalidRequest("qos is required (a class name)", param="qos", code="invalid_type")
         cls = applied_class(request, self.config, asked=qos_classes.resolve(body["qos"], param="qos"))
@@ -110,7 +110,7 @@ class SessionRoutes:
 
     async def turn(self, request: web.Request) -> web.StreamResponse:
         session = self._usable(request, request.match_info["sid"], idle=True)
-        body = params.check_fields(await read_body(request), TURN_FIELDS)
+        body = check_fields(await read_body(request), TURN_FIELDS)
         params.chat_messages(body)  # validates the new messages (400s name the field)
         runtime = self.daemon.get(session.model)
         self._pin(session, runtime)

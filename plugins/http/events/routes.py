@@ -3,7 +3,7 @@
 Both follow the key policy: without one they are open like /slots; with one they need an admin
 key or a key with ``dashboard = true``, else a 403 ``dashboard_not_allowed``. A browser's
 EventSource cannot send headers, so these two routes (and only these) also take the key as
-``?key=SECRET`` (see auth.py); no log line prints a query string."""
+``?key=SECRET`` (see keys/auth.py); no log line prints a query string."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest, ModelNotFound, SuperfluidError
 
-from .auth import Forbidden, request_key
-from .events import INTERVAL_MS, EventHub
+from ..keys.auth import Forbidden, request_key
+from .hub import INTERVAL_MS, EventHub
 
 log = logging.getLogger("superfluid.http")
 
-DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
+DASHBOARD = Path(__file__).parent.parent / "static" / "dashboard.html"
 QUERY = ("model", "interval_ms", "key")
 STEP_MS = 100
 SEND_BUFFER = 128 * 1024  # bytes of kernel send buffer per stream: minutes of snapshots, bounded

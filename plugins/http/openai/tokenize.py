@@ -10,8 +10,9 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
 
-from . import params
-from .auth import check_model
+from ..body import check_fields, read_body
+from ..keys.auth import check_model
+from ..prepare import params
 
 TOKENIZE_FIELDS = {"content", "add_special", "parse_special", "with_pieces", "model"}
 DETOKENIZE_FIELDS = {"tokens", "model"}
@@ -49,7 +50,7 @@ class TokenizeRoutes:
         app.router.add_post("/detokenize", self.detokenize)
 
     async def _runtime(self, request: web.Request, fields: set[str]):
-        body = params.check_fields(await params.read_body(request), fields)
+        body = check_fields(await read_body(request), fields)
         runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         return body, runtime

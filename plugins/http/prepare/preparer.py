@@ -12,19 +12,18 @@ from typing import Callable
 
 import attrs
 
-from superfluid.core import qos as qos_classes
 from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.request import Request, new_request_id
 
+from ..body import check_fields
+from ..keys.auth import applied_class, check_model, note_class, request_key
 from . import logprob_format, params, response_format, tool_validate
-from .auth import Forbidden, applied_class, check_model, note_class, request_key
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
+from .qos_class import batch_invariant, request_class
 from .tool_format import ToolPlan
 from .tool_render import render_prompt
 
-QOS_HEADER = "x-superfluid-qos"
-BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
 NO_TOOLS = ToolPlan()
 
 
@@ -49,71 +48,9 @@ class Prepared:
 
     @property
     def bridge(self):
-        """The sink of every choice's lane (:class:`~.bridge.EventBridge`): the first's request
-        has it as its sink, the others :meth:`~.bridge.EventBridge.lane`."""
+        """The sink of every choice's lane (:class:`~..bridge.EventBridge`): the first's request
+        has it as its sink, the others :meth:`~..bridge.EventBridge.lane`."""
         return self.requests[0].sink
-
-
-EXTENSION_FIELD = "superfluid"  # the body's extension object: {"qos": CLASS}
-EXTENSION_KEYS = {"qos"}
-
-
-def body_class(body: dict, config) -> str | None:
-    """The class the body's ``superfluid`` extension object asks for (``{"qos": "batch"}``), or
-    None. It says what the ``x-superfluid-qos`` header says, in the body, where a gateway that
-    drops unknown headers (SMG, so ``superfluid fleet``) still carries it; honoured under the
-    same switch as the header (``--no-http-qos-header`` ignores both), and it wins over the
-    header when both are sent."""
-    ext = body.get(EXTENSION_FIELD)
-    if ext is None:
-        return None
-    if not isinstance(ext, dict):
-        raise InvalidRequest(f"{EXTENSION_FIELD} must be an object", param=EXTENSION_FIELD, code="invalid_type")
-    unknown = sorted(set(ext) - EXTENSION_KEYS)
-    if unknown:
-        raise InvalidRequest(f"Unrecognized {EXTENSION_FIELD} field: {', '.join(unknown)}",
-                             param=f"{EXTENSION_FIELD}.{unknown[0]}", code="unknown_parameter")
-    qos = ext.get("qos")
-    if qos is None:
-        return None
-    if not isinstance(qos, str):
-        raise InvalidRequest(f"{EXTENSION_FIELD}.qos must be a string", param=f"{EXTENSION_FIELD}.qos",
-                             code="invalid_type")
-    cls = qos_classes.resolve(qos, param=f"{EXTENSION_FIELD}.qos")  # validated even when not honoured
-    return cls if config["http-qos-header"] else None
-
-
-def request_class(request, config, body: dict | None = None) -> str:
-    """The QoS class a request gets: the body's ``superfluid.qos`` or the header's, if honoured,
-    else the default; with a key policy the key's class is both the default and the ceiling (see
-    :func:`.auth.applied_class`)."""
-    asked = body_class(body, config) if body is not None else None
-    return applied_class(request, config, asked=asked)
-
-
-def batch_invariant(request, config) -> bool:
-    """The x-superfluid-batch-invariant header; a 403 unless --http-allow-batch-invariant (with a
-    key policy: unless the key's ``batch-invariant`` grant)."""
-    raw = request.headers.get(BATCH_INVARIANT_HEADER)
-    if raw is None:
-        return False
-    value = raw.strip().lower()
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    if value not in ("1", "true", "yes", "on"):
-        raise InvalidRequest(f"{BATCH_INVARIANT_HEADER} must be true or false, got {raw!r}",
-                             param=BATCH_INVARIANT_HEADER, code="invalid_value")
-    key = request_key(request)
-    if key is not None:
-        if not key.batch_invariant:
-            raise Forbidden(f"batch-invariant lanes tick alone and can serialize the server; key {key.name!r} "
-                            f"is not granted them (batch-invariant = true in the key policy)",
-                            param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
-    elif not config["http-allow-batch-invariant"]:
-        raise Forbidden("batch-invariant lanes tick alone and can serialize the server; this server "
-                        "does not allow them (start it with --http-allow-batch-invariant)",
-                        param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
-    return True
 
 
 def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0, echo: bool = False) -> int:
@@ -211,9 +148,9 @@ class Preparer:
                 make_sink: Callable[[bool, int], Callable], qos: str | None = None) -> Prepared:
         """Validate ``body`` (and ``request``'s headers) for a ``kind`` generation. ``make_sink``
         (called with whether the reply streams and how many choices it has) gives the sink of
-        their lanes (an :class:`~.bridge.EventBridge`); ``qos`` overrides the class the headers
+        their lanes (an :class:`~..bridge.EventBridge`); ``qos`` overrides the class the headers
         ask for (a session's)."""
-        params.check_fields(body, params.FIELDS[kind])
+        check_fields(body, params.FIELDS[kind])
         params.unsupported(body)
         n = params.choice_count(body)
         if n > 1 and kind == "infill":

@@ -1,7 +1,7 @@
 """Limits on what a client may send, and the guard that keeps slow clients from holding the server.
 
 Body size, body read time and the counts of messages / stop strings / tools are checked where a
-body is read (:func:`.params.read_body`, from :data:`LIMITS` on the application). What aiohttp
+body is read (:func:`.body.read_body`, from :data:`LIMITS` on the application). What aiohttp
 does not bound itself is the time a client may take to send a request's *head*: its keep-alive
 timer closes an idle connection, but nothing limits a head that trickles in a byte at a time.
 

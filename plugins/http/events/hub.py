@@ -30,8 +30,8 @@ from superfluid.core import qos as qos_classes
 from superfluid.core.errors import ServiceUnavailable
 from superfluid.core.hookspecs import hookimpl
 
-from .event_keys import KeyTally
-from .event_readers import MAX_TICKS, Channel, Reader, dumps, event
+from .key_tally import KeyTally
+from .readers import MAX_TICKS, Channel, Reader, dumps, event
 
 log = logging.getLogger("superfluid.http")
 
@@ -69,7 +69,7 @@ class EventHub:
     """Collects ticks (the model threads) and serves snapshots (the event loop).
 
     ``daemon``: its ``models`` (name -> runtime with ``.loop.snapshot()``); ``policy``: the
-    :class:`~.keys.PolicyFile` (None: no key policy, no ``keys`` in snapshots)."""
+    :class:`~..keys.policy.PolicyFile` (None: no key policy, no ``keys`` in snapshots)."""
 
     def __init__(self, daemon, policy=None, *, max_readers: int = MAX_READERS, stall_s: float = STALL_S,
                  ping_s: float = PING_S, clock=time.time):

@@ -1,6 +1,6 @@
 """The choices of one reply, each answered from its own lane's events.
 
-A request with ``n`` > 1 runs as n lanes with the same prompt (see :mod:`.prepare`); each
+A request with ``n`` > 1 runs as n lanes with the same prompt (see :mod:`..prepare.preparer`); each
 :class:`Choice` keeps what its lane produced (text, tool-call parsing, logprobs) and shapes its
 part of the reply: the streamed chunks of its index as its events come (interleaved with the
 other choices' chunks), or its entry of ``choices`` in a reply sent whole. A one-choice reply is
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import attrs
 
-from . import tool_parse
-from .logprob_format import CompletionLogprobs, TokenText, chat_entries, chat_object
-from .responses import Shape
+from ..prepare import tool_parse
+from ..prepare.logprob_format import CompletionLogprobs, TokenText, chat_entries, chat_object
+from .replies import Shape
 
 
 class Choice:
-    """Choice ``index`` of a prepared reply (``prep``: :class:`~.prepare.Prepared`)."""
+    """Choice ``index`` of a prepared reply (``prep``: :class:`~..prepare.preparer.Prepared`)."""
 
     def __init__(self, index: int, prep, shape: Shape, text: TokenText):
         self.index = index

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import math
 
-from superfluid.core.errors import InvalidRequest, SuperfluidError
+from superfluid.core.errors import InvalidRequest
 
-from .auth import request_key
-from .ratelimit import TokenBuckets, parse_rate
+from ..keys.auth import request_key
+from ..keys.rate_limit import ClientBuckets, RateLimited, parse_rate
 
 FIM_CLASS = "completion"
-
-
-class RateLimited(SuperfluidError):
-    status = 429
-    type = "rate_limit_error"
-    code = "rate_limit_exceeded"
 
 
 def fim_prompt(runtime, prefix: str, suffix: str, middle: str = "") -> list[int]:
@@ -40,7 +34,7 @@ class FimPolicy:
 
     def __init__(self, config):
         self.config = config
-        self.buckets = TokenBuckets(parse_rate(config["completion-rate"]), config["completion-burst"])
+        self.buckets = ClientBuckets(parse_rate(config["completion-rate"]), config["completion-burst"])
         self.deadline_s = config["completion-deadline-ms"] / 1000.0
 
     def runtime(self, daemon, model: str | None):

@@ -10,7 +10,7 @@ from typing import Iterable
 class KeyTally:
     """Per key name: generations admitted, tokens charged, requests refused by the key's limits.
 
-    Fed by the key limiter (it calls the same methods on :data:`~.metrics.METRICS`; a
+    Fed by the key limiter (it calls the same methods on :data:`~..info.metrics.METRICS`; a
     :class:`TeeMetrics` gives it both), on the event loop."""
 
     def __init__(self) -> None:

@@ -7,7 +7,7 @@ loopback clients only, since it can unload models. The key rides on the request
 (:func:`request_key`) for the routes to check models, grants and session owners; secrets are
 never logged, only key names. Every response carries ``x-superfluid-qos`` with the class the
 request got (set in ``on_response_prepare``, so streamed replies carry it too), and a generation
-of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.key_limits`).
+of a key with per-minute limits the x-ratelimit-* headers (see :mod:`.limits`).
 
 **What the door costs** (``superfluid_http_auth_seconds``, one observation per request but
 /health): the middleware's own work (the secret read and hashed against every key, the /admin
@@ -34,8 +34,8 @@ from aiohttp import web
 from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
 
-from .key_limits import response_headers
-from .metrics import METRICS
+from ..info.metrics import METRICS
+from .limits import response_headers
 
 log = logging.getLogger("superfluid.http")
 
@@ -195,7 +195,7 @@ def _secret(request) -> str | None:
 
 
 def middleware(policy_file, config):
-    """The authenticating middleware; ``policy_file`` a :class:`~.keys.PolicyFile` or None."""
+    """The authenticating middleware; ``policy_file`` a :class:`~.policy.PolicyFile` or None."""
 
     public = PUBLIC + (PROBES if config.get("http-open-probes") else ())
 

@@ -1,7 +1,7 @@
 """``superfluid keys new NAME [--class C] [--file F]``: add an API key to a key policy file.
 
 The secret goes to stdout, alone, so a script can capture it; what to do with it goes to stderr.
-The secret itself is stored nowhere: only its SHA-256 is written (``keys.new_key``)."""
+The secret itself is stored nowhere: only its SHA-256 is written (``keys.policy.new_key``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .keys import new_key
+    from ..keys.policy import new_key
     try:
         secret = new_key(args.file, args.name, args.qos_class)
     except ConfigError as exc:

@@ -21,12 +21,13 @@ from aiohttp import web
 from superfluid.core.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, SuperfluidError
 from superfluid.core.request import Request
 
-from . import params
-from .access_log import log_generation
-from .auth import check_model, door_time, note_class, request_key
-from .bridge import EventBridge
-from .key_limits import HEADERS
-from .prepare import request_class
+from ..access_log import log_generation
+from ..body import check_fields, read_body
+from ..bridge import EventBridge
+from ..keys.auth import check_model, door_time, note_class, request_key
+from ..keys.limits import HEADERS
+from ..prepare import params
+from ..prepare.qos_class import request_class
 
 FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "superfluid"}
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -130,7 +131,7 @@ def encode(vector: tuple[float, ...], fmt: str):
 
 
 class EmbeddingRoutes:
-    """``key_limits``: the front end's :class:`~.key_limits.KeyLimits` (shared with the
+    """``key_limits``: the front end's :class:`~..keys.limits.KeyLimits` (shared with the
     generation routes, so a key's lanes and budgets count embeddings too)."""
 
     def __init__(self, daemon, config, key_limits, catchup=None):
@@ -144,7 +145,7 @@ class EmbeddingRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
-        body = params.check_fields(await params.read_body(request), FIELDS)
+        body = check_fields(await read_body(request), FIELDS)
         runtime = self.daemon.get(params.model_name(body))
         check_model(request, runtime.name)
         if not getattr(runtime.engine.capabilities, "embeddings", False):

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .events import EventHub
+    from .hub import EventHub
 
 log = logging.getLogger("superfluid.http")
 

@@ -93,7 +93,7 @@ class Metrics:
         self.key_in_flight = Gauge("superfluid_key_in_flight", "Generations in flight (queued or running) "
                                    "per key with limits", ["key"], registry=r)
         # per request: the key's identification and grants, its class ceiling, and the key limiter's
-        # admit, release and x-ratelimit-* headers, summed (see auth.py); the handler's own work not
+        # admit, release and x-ratelimit-* headers, summed (see keys/auth.py); the handler's own work not
         self.auth_seconds = Histogram("superfluid_http_auth_seconds", "Time a request spends in "
                                       "authentication and its key's limits (identify, class ceiling, "
                                       "limiter admit + release + headers), summed per request",

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-from typing import Any
 
-from superfluid.core.errors import InvalidRequest, RequestTimeout
+from superfluid.core.errors import InvalidRequest
 from superfluid.core.request import SamplingParams
 
-from .limits import LIMITS, STOP_CAP, Limits
+from ..input_limits import STOP_CAP
 
 _SAMPLING = {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
              "frequency_penalty", "repeat_penalty", "repetition_penalty"}
@@ -24,66 +21,6 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "r
 COMPLETION_FIELDS = _COMMON | {"prompt", "suffix", "echo", "best_of"}
 INFILL_FIELDS = _COMMON | {"input_prefix", "input_suffix", "input_extra", "prompt", "n_predict"}
 FIELDS = {"chat": CHAT_FIELDS, "completion": COMPLETION_FIELDS, "infill": INFILL_FIELDS}
-
-
-def _limits(request) -> Limits | None:
-    try:
-        return request.config_dict.get(LIMITS)
-    except AttributeError:  # not an aiohttp request (a test's stand-in): no limits
-        return None
-
-
-async def _read(request, limits: Limits | None) -> bytes:
-    """The raw body: over --max-body-mb is a 413 (by Content-Length before reading it; aiohttp's
-    client_max_size for a chunked body), slower than --body-timeout a 408."""
-    if limits is None:
-        return await request.read()
-    length = request.content_length
-    if length is not None and length > limits.max_body_bytes:
-        raise InvalidRequest(f"the request body is {length} bytes; at most {limits.max_body_bytes} "
-                             f"({limits.max_body_bytes >> 20} MiB, --max-body-mb) are accepted",
-                             code="request_too_large", status=413)
-    try:
-        return await asyncio.wait_for(request.read(), limits.body_timeout)
-    except asyncio.TimeoutError:
-        raise RequestTimeout(f"the request body was not received within {limits.body_timeout:g} s "
-                             "(--body-timeout)") from None
-
-
-def check_counts(body: Any, limits: Limits) -> None:
-    """Lists longer than their limit (--max-messages, --max-stop, --max-tools): a 400 naming the field."""
-    if not isinstance(body, dict):
-        return
-    for key, most, flag in (("messages", limits.max_messages, "--max-messages"),
-                            ("stop", limits.max_stop, "--max-stop"), ("tools", limits.max_tools, "--max-tools")):
-        value = body.get(key)
-        if isinstance(value, list) and len(value) > most:
-            raise InvalidRequest(f"{key} may hold at most {most} entries ({flag}), got {len(value)}",
-                                 param=key, code="array_above_max_length")
-
-
-async def read_body(request) -> dict:
-    """The request's body as JSON: not UTF-8, empty, or not JSON is a 400 saying which; the
-    server's input limits (limits.py) apply."""
-    limits = _limits(request)
-    raw = await _read(request, limits)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequest("request body is not valid UTF-8", code="invalid_encoding") from None
-    if not text.strip():
-        raise InvalidRequest("request body is empty; send a JSON object", code="invalid_body")
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:
-        raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
-    except ValueError as exc:  # an integer over Python's 4300 digits
-        raise InvalidRequest(f"request body holds a value we cannot parse: {exc}", code="invalid_json") from None
-    if limits is not None:
-        check_counts(body, limits)
-    return body
 
 
 def model_name(body: dict) -> str | None:
@@ -114,16 +51,6 @@ def fim_parts(body: dict) -> str:
     if not isinstance(prompt, str):
         raise InvalidRequest("with suffix, prompt must be a string", param="prompt", code="invalid_type")
     return prompt
-
-
-def check_fields(body: Any, allowed: set[str]) -> dict:
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", code="invalid_body")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}",
-                             param=unknown[0], code="unknown_parameter")
-    return body
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -187,7 +114,7 @@ def stop_strings(body: dict) -> tuple[str, ...]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise InvalidRequest("stop must be a string or a list of strings", param="stop", code="invalid_type")
-    if len(stop) > STOP_CAP:  # the server's --max-stop (at most this) is checked in read_body
+    if len(stop) > STOP_CAP:  # the server's --max-stop (at most this) is checked in body.read_body
         raise InvalidRequest(f"stop may hold at most {STOP_CAP} strings", param="stop", code="invalid_value")
     return tuple(s for s in stop if s)
 

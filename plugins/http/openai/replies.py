@@ -14,8 +14,8 @@ from aiohttp import web
 
 from superfluid.core.errors import SuperfluidError
 
-from .errors import error_response, from_exception
-from .tool_parse import Parsed
+from ..errors import error_response, from_exception
+from ..prepare.tool_parse import Parsed
 
 DONE = b"data: [DONE]\n\n"  # the end of an OpenAI stream (infill streams end without it)
 
@@ -70,7 +70,7 @@ def _usage(events) -> dict:
 
 class Shape:
     """Builds the response objects of one request: one id and creation time for all of them.
-    ``index`` is a choice's (``n`` > 1); ``logprobs`` its shaped logprobs (:mod:`.logprob_format`)."""
+    ``index`` is a choice's (``n`` > 1); ``logprobs`` its shaped logprobs (:mod:`..prepare.logprob_format`)."""
 
     def __init__(self, kind: str, model: str):
         self.kind = kind  # "chat" | "completion" | "infill"

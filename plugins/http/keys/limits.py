@@ -1,6 +1,7 @@
 """Per-key limits of a key policy: requests-per-minute, tokens-per-minute and concurrent lanes.
 
-**Token buckets, not windows.** Each limited key has one bucket per budget, holding up to the
+**Token buckets, not windows.** Each limited key has one bucket per budget
+(:class:`.rate_limit.TokenBucket`, the front end's one token bucket), holding up to the
 per-minute limit and refilled continuously at limit/60 per second: state is two floats per
 bucket, each request costs O(1) (no log of timestamps, as a sliding window would need), a burst
 of up to the whole minute's budget passes at once, and the time until a refused request would
@@ -38,17 +39,11 @@ import math
 import threading
 import time
 
-from superfluid.core.errors import SuperfluidError
+from .rate_limit import RateLimited, TokenBucket
 
 HEADERS = "superfluid.ratelimit"  # request[HEADERS]: (KeyLimits, Key) for the x-ratelimit-* headers
 NO_KEY = "-"  # the key label of requests without a key policy
 PRUNE_AT = 1024
-
-
-class RateLimited(SuperfluidError):
-    status = 429
-    type = "rate_limit_error"
-    code = "rate_limit_exceeded"  # what OpenAI answers for requests and tokens per minute
 
 
 class TooManyConcurrent(RateLimited):
@@ -68,39 +63,25 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
-class Bucket:
-    """One per-minute budget: ``level`` of ``limit``, refilled at limit/60 per second."""
+def per_minute(limit: int, now: float) -> TokenBucket:
+    """A per-minute budget: ``limit`` tokens, refilled at limit/60 a second."""
+    return TokenBucket(limit, limit / 60.0, now)
 
-    __slots__ = ("level", "stamp", "limit")
 
-    def __init__(self, limit: int, now: float):
-        self.limit, self.level, self.stamp = limit, float(limit), now
-
-    def refill(self, now: float, limit: int) -> None:
-        if limit != self.limit:  # a reloaded policy
-            self.limit = limit
-        rate = limit / 60.0
-        self.level = min(float(limit), self.level + max(0.0, now - self.stamp) * rate)
-        self.stamp = now
-
-    def wait(self, need: float) -> float:
-        """Seconds until ``need`` (capped at the limit) is in the bucket; 0 if it is now."""
-        need = min(need, float(self.limit))
-        if self.level >= need:
-            return 0.0
-        return (need - self.level) / (self.limit / 60.0)
-
-    def reset(self) -> float:
-        """Seconds until the bucket is full again."""
-        return max(0.0, (self.limit - self.level) / (self.limit / 60.0))
+def refill(bucket: TokenBucket, now: float, limit: int) -> None:
+    """Refill a budget to ``now`` under ``limit``, which a reloaded policy may have changed: the
+    level stays, capped at the new limit, and refills at the new rate."""
+    if limit != bucket.size:
+        bucket.size, bucket.rate = limit, limit / 60.0
+    bucket.refill(now)
 
 
 class _State:
     __slots__ = ("requests", "tokens", "in_flight", "seen")
 
     def __init__(self, now: float):
-        self.requests: Bucket | None = None
-        self.tokens: Bucket | None = None
+        self.requests: TokenBucket | None = None
+        self.tokens: TokenBucket | None = None
         self.in_flight = 0
         self.seen = now
 
@@ -146,9 +127,9 @@ class KeyLimits:
             if not limit:
                 setattr(state, attr, None)
             elif bucket is None:
-                setattr(state, attr, Bucket(limit, now))
+                setattr(state, attr, per_minute(limit, now))
             else:
-                bucket.refill(now, limit)
+                refill(bucket, now, limit)
         return state
 
     def _prune(self, now: float) -> None:
@@ -216,10 +197,10 @@ class KeyLimits:
                 return
             state.in_flight = max(0, state.in_flight - 1)
             if state.tokens is not None:
-                state.tokens.refill(self._clock(), state.tokens.limit)
+                state.tokens.refill(self._clock())
                 state.tokens.level -= completion_tokens
                 if refund_prompt:
-                    state.tokens.level = min(float(state.tokens.limit), state.tokens.level + ticket.prompt)
+                    state.tokens.level = min(float(state.tokens.size), state.tokens.level + ticket.prompt)
             if self.metrics is not None:
                 self.metrics.key_busy(label, state.in_flight)
 
@@ -239,7 +220,7 @@ class KeyLimits:
         out = {}
         for kind, bucket in (("requests", state.requests), ("tokens", state.tokens)):
             if bucket is not None:
-                out[f"x-ratelimit-limit-{kind}"] = str(bucket.limit)
+                out[f"x-ratelimit-limit-{kind}"] = str(bucket.size)
                 out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
                 out[f"x-ratelimit-reset-{kind}"] = duration(bucket.reset())
         return out

@@ -13,8 +13,7 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
 
-from . import params
-from .params import read_body
+from ..body import check_fields, read_body
 
 log = logging.getLogger("superfluid.http")
 
@@ -56,4 +55,4 @@ async def _optional_body(request: web.Request, allowed: set[str]) -> dict:
     raw = await request.read()
     if not raw.strip():
         return {}
-    return params.check_fields(await read_body(request), allowed)
+    return check_fields(await read_body(request), allowed)

@@ -1,8 +1,9 @@
 """POST /v1/completions, /v1/chat/completions and /infill: prepare, submit, answer.
 
-A handler reads the body, has it validated once into a :class:`~.prepare.Prepared` value, submits
-its Requests (one per choice) and answers from the lanes' events, whole (:meth:`OpenAIRoutes._collect`) or as SSE
-(:meth:`OpenAIRoutes._stream`); the bodies themselves are shaped in :mod:`.responses`."""
+A handler reads the body, has the preparation path validate it once into a ``Prepared`` value
+(:mod:`..prepare.preparer`), submits its Requests (one per choice) and answers from the lanes'
+events, whole (:meth:`OpenAIRoutes._collect`) or as SSE (:meth:`OpenAIRoutes._stream`); the
+bodies themselves are shaped in :mod:`.replies`."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
 
-from . import params
-from .access_log import log_generation
-from .auth import door_time, request_key
-from .bridge import EventBridge
+from ..access_log import log_generation
+from ..bridge import EventBridge
+from ..body import read_body
+from ..info.metrics import METRICS
+from ..keys.auth import door_time, request_key
+from ..keys.limits import HEADERS, KeyLimits
+from ..prepare.logprob_format import TokenText
+from ..prepare.preparer import Prepared, Preparer
 from .choices import Choice
-from .key_limits import HEADERS, KeyLimits
-from .logprob_format import TokenText
-from .metrics import METRICS
-from .prepare import Prepared, Preparer
-from .responses import DONE, Shape, error_body, error_reply, sse, status_of
+from .replies import DONE, Shape, error_body, error_reply, sse, status_of
 
 
 class OpenAIRoutes:
@@ -66,7 +67,7 @@ class OpenAIRoutes:
         ``on_finish`` hears the complete reply before the response ends (see :meth:`generate_chat`)."""
         arrived = time.monotonic()
         if body is None:
-            body = await params.read_body(request)
+            body = await read_body(request)
         prep = self.preparer.prepare(request, body, kind, arrived=arrived, make_sink=self._sink, qos=qos)
         if on_finish is not None and len(prep.requests) > 1:
             raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")

@@ -1,0 +1,2 @@
+"""What the server says about itself: /v1/models, /health, /slots, the Prometheus metrics and
+the OpenAPI document."""
