@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 
 from .request import Request
 from .textstream import TextStream
 from .tick import OWN, Seed
+
+if TYPE_CHECKING:
+    from .kv import Binding, Release
 
 
 class LaneState(enum.Enum):
@@ -28,7 +32,14 @@ class Lane:
     ``tokens`` is prompt + generated. The engine's KV for this lane holds ``tokens[:n_cached]``;
     what remains (``tokens[n_cached:]``) is fed next, and the engine samples once the feed reaches
     the end. A decoding lane therefore always has exactly one token left to feed: the last one
-    sampled. Resuming after a dropped KV is just ``n_cached = 0``."""
+    sampled. Resuming after a dropped KV is just ``n_cached = 0``.
+
+    Its fields change only through its methods, each named for what happened to it, so this one
+    file says how ``slot``, ``n_cached`` or ``n_reused`` can change. The scheduler calls them: it
+    applies what the KV manager decided (a :class:`~superfluid.core.kv.Binding`, a
+    :class:`~superfluid.core.kv.Release`) and what a tick did. The prompt work's own fields
+    (``prompt_logprobs``, ``scores_sent``, ``embedding_sum``, ``pooled``) are written by
+    ``core/prompt_work.py`` alone, the module that keeps and reads them."""
 
     request: Request
     text: TextStream
@@ -100,6 +111,72 @@ class Lane:
     def embedded(self) -> bool:
         """An embedding lane whose whole prompt is computed: its embedding is ready."""
         return self.request.embed and self.n_cached >= self.n_prompt
+
+    # ---- what happens to it ------------------------------------------------------------------
+
+    def request_cancel(self) -> None:
+        """A client cancelled it while it runs: the scheduler ends it once the tick in flight is
+        done."""
+        self.cancel_requested = True
+
+    def tick_passed(self, served: bool) -> None:
+        """Another tick went by: one more it waited for, unless it was served (queued lanes never
+        are). Starvation is counted in these."""
+        self.waited_ticks = 0 if served else self.waited_ticks + 1
+
+    def bind(self, binding: Binding, now: float) -> bool:
+        """Admitted (again, after a preemption) into ``binding.slot``, seeded as the KV manager
+        decided; a parked KV is its seed now. True on its first admission."""
+        self.slot, self.seed, self.n_cached = binding.slot, binding.seed, binding.n_cached
+        self.n_reused += binding.reused
+        self.parked, self.parked_tokens = None, 0
+        self.state, self.needs_reset, self.waited_ticks = LaneState.PREFILLING, True, 0
+        if self.admitted_at is not None:
+            return False
+        self.admitted_at = now
+        return True
+
+    def reset_done(self) -> None:
+        """A tick set its slot up from its seed: later ticks append to that KV."""
+        self.needs_reset, self.seed = False, OWN
+
+    def note_fed(self, n_fed: int, n_prefilled: int) -> None:
+        """A tick appended ``n_fed`` of its tokens to its KV, ``n_prefilled`` of them computed
+        prompt tokens."""
+        self.n_cached += n_fed
+        self.n_prefilled += n_prefilled
+
+    def note_first_token(self, now: float) -> None:
+        self.first_token_at = now
+
+    def refresh_state(self) -> None:
+        """Prefilling while more than its last sampled token is left to feed, else decoding."""
+        self.state = LaneState.PREFILLING if self.is_prefilling else LaneState.DECODING
+
+    def lose_kv(self, not_reused: int = 0) -> None:
+        """Its slot will not hold the KV it counted on (the engine could not give its seed, the
+        seed's source was freed first, or the engine restarted empty): it feeds its tokens again
+        from the start. ``not_reused``: prefix-cache tokens counted for it that it did not get."""
+        self.n_reused = max(0, self.n_reused - not_reused)
+        self.n_cached, self.needs_reset, self.seed = 0, True, OWN
+
+    def preempt(self, release: Release) -> None:
+        """Preempted: out of its slot and queued again, its KV parked or dropped as the KV
+        manager decided. It resumes from its parked KV, else from its tokens."""
+        self.n_reused = max(0, self.n_reused - release.not_reused)
+        self.parked, self.parked_tokens = release.parked, release.parked_tokens
+        self.slot, self.n_cached, self.seed = None, 0, OWN
+        self.state, self.waited_ticks = LaneState.PREEMPTED, 0
+        self.preemptions += 1
+
+    def unpark(self) -> None:
+        """Its parked KV is gone (parking failed, or the engine lost it): it prefills again."""
+        self.parked, self.parked_tokens = None, 0
+
+    def end(self, state: LaneState, reason: str, now: float) -> None:
+        """Finished, cancelled or failed: out of its slot, its parked KV dropped."""
+        self.state, self.finish_reason, self.finished_at = state, reason, now
+        self.slot, self.parked = None, None
 
     def take(self, tokens: list[int], eog: bool, context_length: int) -> tuple[str, tuple[int, ...], str | None]:
         """Append a tick's sampled tokens and release their text. Returns the text, the tokens

@@ -7,7 +7,8 @@ tests call it directly.
     stats = scheduler.postprocess(plan, result)   # commit tokens, finish, relieve pressure
 
 Policies (admission order, victims, the tick's split, pressure victims) are hooks; the KV
-manager (``core/kv.py``) answers which slot and seed, and what to free."""
+manager (``core/kv.py``) answers which slot and seed, and what to free. The scheduler applies
+those answers, and what each tick did, through the lanes' methods (``core/lane.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .pressure import PressureGauge
 from .prompt_work import annotate, collect, embedding, newly_scored, prompt_scores
 from .settings import SchedulerSettings
 from .stats import TickStats, count_by_class, timings
-from .tick import OWN, TickPlan, TickResult
+from .tick import TickPlan, TickResult
 
 if TYPE_CHECKING:
     from .engine import EngineCapabilities
@@ -64,7 +65,7 @@ class Scheduler:
                 return False
         for lane in self.lanes:
             if lane.id == request_id and not lane.cancel_requested:
-                lane.cancel_requested = True
+                lane.request_cancel()
                 return True
         return False
 
@@ -80,7 +81,7 @@ class Scheduler:
         if admit:
             self._admit(now)
         for lane in self.queue:
-            lane.waited_ticks += 1
+            lane.tick_passed(served=False)
         plan = TickPlan()
         if self.lanes:
             plan = self.hook.superfluid_plan_tick(
@@ -89,7 +90,7 @@ class Scheduler:
         planned = {lp.slot for lp in plan.lanes}
         for lane in self.lanes:  # admitted lanes left without prefill age toward starvation too
             if lane.is_prefilling:
-                lane.waited_ticks = 0 if lane.slot in planned else lane.waited_ticks + 1
+                lane.tick_passed(served=lane.slot in planned)
         self.kv.fill_plan(plan)
         annotate(plan, self.lanes)
         return plan
@@ -120,25 +121,21 @@ class Scheduler:
 
     def _bind(self, lane: Lane, now: float) -> None:
         self.queue.remove(lane)
-        lane.slot = self.kv.bind(lane, self.lanes)
-        lane.state = LaneState.PREFILLING
-        lane.needs_reset = True
         if lane.waited_ticks >= self.settings.starvation_ticks:
             self._promoted += 1
-        lane.waited_ticks = 0
+        first = lane.bind(self.kv.bind(lane, self.lanes), now)
         self.lanes.append(lane)
-        if lane.admitted_at is None:
-            lane.admitted_at = now
+        if first:
             self._emit(lane, LaneEvent("admitted", lane.id, timings={"queued_s": now - lane.queued_at}))
         else:
             self._emit(lane, LaneEvent("resumed", lane.id))
 
     def preempt(self, lane: Lane) -> None:
         """Stop a running lane and requeue it at the head of its class; park its KV if allowed."""
-        self.kv.unbind(lane, self.lanes)
-        lane.preemptions += 1
-        lane.state = LaneState.PREEMPTED
-        lane.waited_ticks = 0
+        release = self.kv.unbind(lane, self.lanes)
+        for other, not_reused in release.unseeded:  # their seed was to be copied from its slot
+            other.lose_kv(not_reused)
+        lane.preempt(release)
         self.lanes.remove(lane)
         self.queue.insert(0, lane)
         self._preempted += 1
@@ -161,7 +158,8 @@ class Scheduler:
         then the pool: OS pressure, a refused plan, the watermarks."""
         self.ticks += 1
         self.costs.observe(result.steps)
-        self.kv.tick_done(result)
+        for lane in self.kv.tick_done(result):  # its KV could not be parked
+            lane.unpark()
         by_slot = {lane.slot: lane for lane in self.lanes}
         now = time.monotonic()
         first_tokens: list[tuple[str, float]] = []
@@ -172,14 +170,13 @@ class Scheduler:
             res = result.lanes.get(lp.slot)
             if lane is None:
                 continue
-            lane.needs_reset, lane.seed = False, OWN
+            lane.reset_done()
             if res is None:
                 continue
             if res.restore_failed:
-                self.kv.seed_failed(lane, lp.seed, lp.pos)
+                lane.lose_kv(self.kv.seed_failed(lane, lp.seed, lp.pos))
                 continue
-            lane.n_cached += res.n_fed
-            lane.n_prefilled += res.n_prefill
+            lane.note_fed(res.n_fed, res.n_prefill)
             prefilled += res.n_prefill
             if res.n_prefill:
                 self.kv.prefilled(lane)
@@ -192,12 +189,12 @@ class Scheduler:
                 finished.append(lane)
                 continue
             if res.tokens and lane.first_token_at is None:
-                lane.first_token_at = now
+                lane.note_first_token(now)
                 first_tokens.append((lane.qos, now - lane.admitted_at))
             if self._commit_tokens(lane, res.tokens, res.eog, res.logprobs):
                 finished.append(lane)
             elif lane.active:
-                lane.state = LaneState.PREFILLING if lane.is_prefilling else LaneState.DECODING
+                lane.refresh_state()
         finished += self._finish_cancelled()
         self._relieve(now, result, progressed=bool(prefilled or decode_tokens))
         evictions, hits, hit_tokens, rejections = self.kv.take_counters()
@@ -265,8 +262,7 @@ class Scheduler:
         tail = lane.text.flush() if reason != "cancelled" else ""
         if tail:
             self._emit(lane, LaneEvent("delta", lane.id, text=tail))
-        lane.state, lane.finish_reason, lane.finished_at = state, reason, time.monotonic()
-        self._drop(lane, keep_kv=True)
+        self._end(lane, state, reason, keep_kv=True)
         self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason,
                                    prompt_tokens=lane.n_prompt, completion_tokens=lane.n_output,
                                    cached_tokens=min(lane.n_reused, lane.n_prompt),
@@ -275,8 +271,7 @@ class Scheduler:
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 
     def fail(self, lane: Lane, exc: BaseException) -> None:
-        lane.state, lane.finish_reason, lane.finished_at = LaneState.FINISHED, "error", time.monotonic()
-        self._drop(lane)
+        self._end(lane, LaneState.FINISHED, "error")
         self._emit(lane, LaneEvent("error", lane.id, error=exc, timings=timings(lane)))
         self.hook.superfluid_lane_finished(model=self.name, lane=lane)
 
@@ -291,19 +286,29 @@ class Scheduler:
 
     def engine_failed(self, exc: BaseException) -> None:
         """The engine failed a tick: its KV may be gone; running lanes fail, queued ones wait."""
-        self.kv.forget_engine_state(self.queue)
+        self._forget_engine_state()
         self.fail_running(exc)
 
     def engine_lost(self) -> None:
         """The engine crashed and restarts empty: every lane resumes from its tokens."""
-        self.kv.forget_engine_state(self.queue)
-        self.kv.engine_restarted(self.lanes)
+        self._forget_engine_state()
+        self.kv.engine_restarted()
+        for lane in self.lanes:
+            lane.lose_kv()
 
-    def _drop(self, lane: Lane, keep_kv: bool = False) -> None:
-        """Free the lane's slot. With ``keep_kv`` its KV stays as a cached prefix for later lanes."""
+    def _forget_engine_state(self) -> None:
+        self.kv.forget_engine_state(self.queue)
+        for lane in self.queue:  # a parked KV is gone with the engine's state
+            lane.unpark()
+
+    def _end(self, lane: Lane, state: LaneState, reason: str, keep_kv: bool = False) -> None:
+        """The lane is done: free its slot and its parked KV. With ``keep_kv`` its KV stays as a
+        cached prefix for later lanes."""
+        now = time.monotonic()
         if lane in self.lanes:
             self.lanes.remove(lane)
         self.kv.release(lane, keep_kv)
+        lane.end(state, reason, now)
 
     @staticmethod
     def _emit(lane: Lane, event: LaneEvent) -> None:

@@ -1,10 +1,18 @@
 """Where a new lane's KV may come from: which lanes may reuse others' KV, which running lane's
-slot holds a prefix, and which queued lanes should wait for a prefix still being prefilled."""
+slot holds a prefix, which seed holds the longest prefix of a prompt, and which queued lanes
+should wait for a prefix still being prefilled. It only chooses: the KV manager
+(``core/kv.py``) takes the slot and keeps the books."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .lane import Lane
-from .prefix import MIN_REUSE, common_prefix
+from .prefix import MIN_REUSE, common_prefix, span
+from .tick import OWN, Seed
+
+if TYPE_CHECKING:
+    from .prefix import HostTier, SlotCache
 
 
 def waiting_for_donors(queue: list[Lane], donors: list[Lane]) -> set[Lane]:
@@ -24,6 +32,33 @@ def waiting_for_donors(queue: list[Lane], donors: list[Lane]) -> set[Lane]:
                 waiting.add(lane)
                 break
     return waiting
+
+
+def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], busy: list[int] | None,
+              running: list[Lane]) -> tuple[int, int, Seed, int | None]:
+    """For a lane that may reuse a prefix: its slot, how many of its tokens the seed holds, the
+    seed, and the cached slot it copies from instead of taking it (kept whole this tick), if any.
+    The longest prefix wins: a free slot's cache, a running lane's KV, the host tier."""
+    seed, copied = OWN, None
+    slot, reuse = cache.best_slot(lane.tokens, free, busy)
+    spare = [s for s in free if not cache.tokens(s)]
+    if reuse and spare and len(cache.tokens(slot)) > reuse + MIN_REUSE:
+        # The cache holds more than this lane shares (another conversation that branched
+        # off here): copy the shared part into an empty slot and keep the cache whole.
+        seed = Seed(slot=slot)
+        copied, slot = slot, min(spare, key=lambda s: (span(busy, s), -s))
+    for donor in running:  # a running lane's KV may hold more of this prompt
+        source = kv_source(donor)
+        if source is None:
+            continue
+        shared = min(common_prefix(donor.tokens[:donor.n_cached], lane.tokens), len(lane.tokens) - 1)
+        if shared > reuse and shared >= MIN_REUSE:
+            reuse, seed = shared, Seed(slot=source)
+    if len(host):  # a host-memory prefix may hold more of it
+        key, shared = host.best(lane.tokens)
+        if key is not None and shared > reuse and shared >= MIN_REUSE:
+            reuse, seed = shared, Seed(key=key, shared=True)
+    return slot, reuse, seed, copied
 
 
 def may_reuse(lane: Lane) -> bool:

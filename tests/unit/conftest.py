@@ -4,8 +4,10 @@ manager (the default qos policies, loaded through the entry points), loops on fa
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,11 +16,37 @@ import superfluid.core.kv as kv_mod
 import superfluid.core.prefix as prefix_mod
 import superfluid.core.pressure as pressure_mod
 import superfluid.core.scheduler as scheduler_mod
+import superfluid.plugins
+from superfluid.core.lane import Lane
 from superfluid.core.loop import ModelLoop
 from superfluid.core.plugins import make_plugin_manager
 from superfluid.core.settings import SchedulerSettings
 
 from .fakes import WAIT, Clock, FakeEngine, LevelSource, StatsObserver
+
+
+PROMPT_WORK_FIELDS = {"prompt_logprobs", "scores_sent", "embedding_sum", "pooled"}
+
+
+@pytest.fixture(autouse=True)
+def lane_fields_owned(monkeypatch):
+    """Every unit test holds the daemon to the rule of ``core/lane.py``: a lane's fields are
+    written by its own methods (the prompt work's by ``core/prompt_work.py``), never by the
+    scheduler, the KV manager or a plugin. Tests may set lanes up as they like."""
+    core = Path(scheduler_mod.__file__).parent
+    daemon = (core, Path(superfluid.plugins.__file__).parent)
+    strays: set[tuple[str, str]] = set()
+
+    def owned_setattr(lane, name, value):
+        path = Path(sys._getframe(1).f_code.co_filename)
+        owner = path == core / "lane.py" or (path == core / "prompt_work.py" and name in PROMPT_WORK_FIELDS)
+        if not owner and any(d in path.parents for d in daemon):
+            strays.add((str(path), name))
+        object.__setattr__(lane, name, value)
+
+    monkeypatch.setattr(Lane, "__setattr__", owned_setattr)
+    yield
+    assert not strays, f"lane fields written outside core/lane.py: {sorted(strays)}"
 
 
 @pytest.fixture(scope="module")
