@@ -78,13 +78,12 @@ class LlamaCppEngine(WorkerEngine):
     def restart(self, progress: Callable[[str], None] | None = None) -> None:
         """After a crash: a worker that a signal (not a kill) ended while the extra buffer types
         were on comes back with them off, so a fault they cause is not met again on every restart."""
-        self.worker.kill()
+        self.worker.kill()  # reaps the dead worker, so its exit code is known (a second kill is a no-op)
         sig = signal_of(self.worker.last_exitcode)
         if sig is not None and sig not in (signal.SIGKILL, signal.SIGTERM) and self.extra_buffers \
                 and self.extra_buffers.use:
             self._fall_back(sig.name, "while serving")
-        self.worker.restarts += 1
-        self.start(progress)
+        super().restart(progress)
 
     def _start_worker(self, progress: Callable[[str], None] | None) -> dict:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes,
