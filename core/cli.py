@@ -13,7 +13,7 @@ from typing import Callable
 import attrs
 
 from . import __version__, plugin_report
-from .config import Schema, add_flags, build_config, core_options, read_toml
+from .config import CORE_OPTIONS, Schema, add_flags, build_config, model_registrar, read_toml
 from .daemon import Daemon, print_progress
 from .errors import ConfigError, SuperfluidError
 from .plugins import make_plugin_manager
@@ -72,15 +72,26 @@ def load(argv: list[str]):
     source = path or "defaults"
     pm = make_plugin_manager(toml.get("plugins", []) if isinstance(toml.get("plugins"), list) else [],
                              source=source)
-    schema = Schema()
-    for opt in core_options():
-        schema.add(opt)
-    pm.hook.superfluid_add_config(schema=schema)
+    schema = declare_options(pm)
     args = build_parser(schema, plugin_commands(pm)).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     config = build_config(schema, toml, flags, source=source)
+    pm.hook.superfluid_add_models(register=model_registrar(config), config=config)
     pm.hook.superfluid_configure(config=config)
     return config, pm
+
+
+def declare_options(pm) -> Schema:
+    """The core's options and every plugin's (``superfluid_add_config``, called one plugin at a
+    time in the hook's order, so the schema knows who declared each option)."""
+    schema = Schema()
+    CORE_OPTIONS.declare(schema)
+    impls = pm.hook.superfluid_add_config.get_hookimpls()
+    for impl in reversed(impls):  # pluggy calls the last registered first
+        others = [i.plugin for i in impls if i.plugin is not impl.plugin]
+        with schema.declaring(impl.plugin_name):
+            pm.subset_hook_caller("superfluid_add_config", remove_plugins=others)(schema=schema)
+    return schema
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,18 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and not argv[0].startswith("-") and argv[0] != "serve":  # a plugin's command
         pm = make_plugin_manager()
         commands = plugin_commands(pm)
-        schema = Schema()
-        for opt in core_options():
-            schema.add(opt)
-        pm.hook.superfluid_add_config(schema=schema)
-        args = build_parser(schema, commands).parse_args(argv)
+        args = build_parser(declare_options(pm), commands).parse_args(argv)
         return commands[args.command].run(args)
     try:
         config, pm = load(argv)  # plugins refuse a configuration here, before any model loads
     except ConfigError as exc:
         print(f"superfluid: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config["log-level"].upper(),
+    logging.basicConfig(level=CORE_OPTIONS.of(config).log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     daemon = None
     try:

@@ -2,84 +2,24 @@
 
 Keys are spelled as their flags (``max-batch`` / ``--max-batch``; ``max_batch`` is accepted in
 TOML too). Precedence: built-in default < TOML < flag. Options scoped to a model can also be set
-inside each ``[[models]]`` table."""
+inside each ``[[models]]`` table. What an option is, and who owns it, is :mod:`.options`'; the
+one loading path (:func:`option_values`) serves ``superfluid serve`` and ``superfluid fleet``."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from typing import Any, Callable
+from typing import Any, Mapping, Protocol
 
 import attrs
 
 from .errors import ConfigError, SuperfluidError
+from .options import CORE, Check, Option, PluginOptions, Schema, in_range, parse_fraction  # noqa: F401
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-Check = Callable[[Any], "str | None"]
-
-
-def in_range(lo: float | None = None, hi: float | None = None, *, also: tuple = ()) -> Check:
-    def check(value):
-        if isinstance(value, float) and not math.isfinite(value):  # NaN compares false with any bound
-            return "must be a finite number"
-        if value in also:
-            return None
-        if lo is not None and value < lo or hi is not None and value > hi:
-            allowed = " or ".join(repr(a) for a in also)
-            span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            return f"must be {span}" + (f" (or {allowed})" if allowed else "")
-        return None
-    return check
-
-
-def parse_fraction(text: str) -> float:
-    """A share of something: ``0.85``, ``85`` or ``85%`` all mean 85 % (a number above 1 is read
-    as a percentage)."""
-    text = text.strip()
-    percent = text.endswith("%")
-    try:
-        value = float(text[:-1] if percent else text)
-    except ValueError:
-        raise ConfigError(f"expected a fraction such as 0.85 or a percentage such as 85%, got {text!r}") from None
-    return value / 100.0 if percent or value > 1.0 else value
-
-
-@attrs.define(frozen=True)
-class Option:
-    """One option: its TOML key and flag name, type, default and help."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    check: Check | None = None
-    model_scoped: bool = False
-    metavar: str | None = None
-    parse: Callable[[str], Any] | None = None  # turns a flag/TOML string into the value
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-
-class Schema:
-    """The options every plugin declared (through ``superfluid_add_config``)."""
-
-    def __init__(self) -> None:
-        self.options: dict[str, Option] = {}
-
-    def add(self, option: Option) -> None:
-        if option.name in self.options:
-            raise ValueError(f"option {option.name!r} declared twice")
-        self.options[option.name] = option
-
-    def lookup(self, key: str) -> Option | None:
-        return self.options.get(key.replace("_", "-"))
 
 
 @attrs.define
@@ -90,6 +30,7 @@ class ModelConfig:
     path: str
     engine: str
     values: dict[str, Any]
+    _typed: dict = attrs.field(factory=dict, init=False, repr=False, eq=False)  # PluginOptions.of's
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -97,10 +38,18 @@ class ModelConfig:
 
 @attrs.define
 class Config:
+    """The validated configuration: top-level values, the models to serve, extra plugins, where
+    it came from, and the :class:`Schema` it was validated against (None for one built by hand).
+
+    A plugin reads its options through its :class:`PluginOptions` (``OPTIONS.of(config)``); the
+    core's are ``CORE_OPTIONS.of(config)`` (or ``.of(model)``)."""
+
     values: dict[str, Any]
     models: list[ModelConfig]
     plugins: list[str]
     source: str = "defaults"
+    schema: Schema | None = attrs.field(default=None, repr=False, eq=False)
+    _typed: dict = attrs.field(factory=dict, init=False, repr=False, eq=False)  # PluginOptions.of's
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -155,49 +104,95 @@ def core_options() -> list[Option]:
                "and persist sessions before exiting", in_range(0.0, 3600.0), metavar="S"),
         Option("log-level", str, "info", "logging level",
                lambda v: None if v.lower() in ("debug", "info", "warning", "error") else "must be debug, info, warning or error"),
+        # Knobs more than one plugin reads are the core's (a plugin reads no other plugin's key).
+        Option("host", str, "127.0.0.1", "address to listen on", metavar="ADDR"),  # the front end; KV events' topic
+        Option("port", int, 8080, "port to listen on (0: any free port)", in_range(0, 65535), metavar="PORT"),
+        Option("kv-pool-cells", int, 0, "cells (tokens) in an engine's shared KV pool, at least --max-context. "
+               "llama.cpp: the pool of --kv-unified, sliding-window and recurrent models (0: lanes × context, "
+               "capped by free memory); in a pool smaller than lanes × context, lanes beyond what it holds queue. "
+               "basert: its paged pool's tokens", in_range(0, 1 << 24), model_scoped=True, metavar="N"),
+        Option("kv-events-block-size", int, 16, "tokens per block of a cached prefix: the blocks KV events "
+               "publish (the scorer's blockSizeTokens; a partial last block is not published) and the unit "
+               "/metrics counts the KV of an engine without pages in", in_range(1, 4096), metavar="N"),
     ]
+
+
+CORE_OPTIONS = PluginOptions(CORE, core_options())
+"""The core's options, typed: ``CORE_OPTIONS.of(model).max_batch``, ``CORE_OPTIONS.of(config).host``."""
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
                dict: "a table"}
 
 
-def _coerce(option: Option, value: Any, where: str) -> Any:
-    if option.parse is not None:
+def coerce(option: Option, value: Any, label: str) -> Any:
+    """``value`` (from TOML or a flag) as ``option``'s type, checked; errors begin with ``label``,
+    the place and the key (``superfluid.toml: max-batch``, ``--max-batch``)."""
+    if option.parse is not None and option.type is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{label} must be a list, got {value!r}")
+        # a TOML list's items are named by index; a repeated flag's by the value its error quotes
+        value = [_parsed(option, item, label if label.startswith("--") else f"{label}[{i}]")
+                 for i, item in enumerate(value)]
+    elif option.parse is not None:
         if isinstance(value, dict) and option.type is dict:  # a TOML table: {background = 2}
             value = ",".join(f"{k}={v}" for k, v in value.items())
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ConfigError(f"{where}: {option.name} must be a string, got {value!r}")
-        try:
-            value = option.parse(str(value))
-        except (ValueError, ConfigError, SuperfluidError) as exc:
-            raise ConfigError(f"{where}: {option.name}: {getattr(exc, 'message', exc)}") from None
+        value = _parsed(option, value, label)
     elif option.type is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     ok = isinstance(value, option.type) and not (option.type is int and isinstance(value, bool))
     if option.parse is None and not ok and value is not None:
-        raise ConfigError(f"{where}: {option.name} must be {_TYPE_NAMES.get(option.type, option.type.__name__)}, got {value!r}")
+        raise ConfigError(f"{label} must be {_TYPE_NAMES.get(option.type, option.type.__name__)}, got {value!r}")
     if option.check is not None and value is not None:
         problem = option.check(value)
         if problem:
-            raise ConfigError(f"{where}: {option.name} {problem}, got {value!r}")
+            raise ConfigError(f"{label} {problem}, got {value!r}")
     return value
 
 
+def _parsed(option: Option, value: Any, label: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(f"{label} must be a string, got {value!r}")
+    try:
+        return option.parse(str(value))
+    except (ValueError, ConfigError, SuperfluidError) as exc:
+        raise ConfigError(f"{label}: {getattr(exc, 'message', exc)}") from None
+
+
 def add_flags(parser: argparse.ArgumentParser, schema: Schema) -> None:
+    """A flag per option (``--no-NAME`` too for a bool; a list's flag repeats), default None:
+    :func:`option_values` takes what was given."""
     for opt in schema.options.values():
-        flag = "--" + opt.name
+        flag = opt.flag_name
         if opt.type is bool:
             parser.add_argument(flag, dest=opt.dest, action=argparse.BooleanOptionalAction,
                                 default=None, help=f"{opt.help} (default: {'on' if opt.default else 'off'})")
-        elif opt.type is list and opt.parse is None:
+        elif opt.type is list:
             parser.add_argument(flag, dest=opt.dest, action="append", default=None,
                                 metavar=opt.metavar, help=opt.help)
         else:
-            conv = str if opt.parse is not None or opt.type is list else opt.type
+            conv = str if opt.parse is not None else opt.type
             default_txt = "" if opt.default in (None, "") else f" (default: {opt.default})"
             parser.add_argument(flag, dest=opt.dest, type=conv, default=None,
                                 metavar=opt.metavar, help=opt.help + default_txt)
+
+
+def option_values(schema: Schema, table: Mapping[str, Any], flags: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Defaults < ``table`` (a TOML table: keys with ``-`` or ``_``) < ``flags`` (by dest; None:
+    not given), every value validated; the keys of the result are the options' names. ``where``
+    begins an error about a table key (``"superfluid.toml: "``, ``"fleet.toml: [fleet] "``)."""
+    values = {name: opt.default for name, opt in schema.options.items()}
+    for key, raw in table.items():
+        opt = schema.lookup(key)
+        if opt is None:
+            raise ConfigError(f"{where}unknown key {key!r}" + _suggest(key, schema))
+        values[opt.name] = coerce(opt, raw, where + opt.name)
+    for dest, raw in flags.items():
+        if raw is None:
+            continue
+        opt = schema.lookup(dest)
+        values[opt.name] = coerce(opt, raw, opt.flag_name)
+    return values
 
 
 def read_toml(path: str) -> dict:
@@ -216,7 +211,6 @@ def read_toml(path: str) -> dict:
 
 def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str = "defaults") -> Config:
     """Merge defaults, the TOML table and explicit flags into a validated :class:`Config`."""
-    values = {name: opt.default for name, opt in schema.options.items()}
     toml = dict(toml)
     plugins = toml.pop("plugins", [])
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
@@ -224,16 +218,7 @@ def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str 
     model_tables = toml.pop("models", [])
     if not isinstance(model_tables, list) or not all(isinstance(t, dict) for t in model_tables):
         raise ConfigError(f"{source}: models must be an array of tables ([[models]])")
-    for key, raw in toml.items():
-        opt = schema.lookup(key)
-        if opt is None:
-            raise ConfigError(f"{source}: unknown key {key!r}" + _suggest(key, schema))
-        values[opt.name] = _coerce(opt, raw, source)
-    for dest, raw in flags.items():
-        if raw is None:
-            continue
-        opt = schema.lookup(dest)
-        values[opt.name] = _coerce(opt, raw, "--" + opt.name)
+    values = option_values(schema, toml, flags, f"{source}: ")
 
     scoped = {n: values[n] for n, o in schema.options.items() if o.model_scoped}
     models: list[ModelConfig] = []
@@ -251,7 +236,7 @@ def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str 
             opt = schema.lookup(key)
             if opt is None or not opt.model_scoped:
                 raise ConfigError(f"{where}: unknown model key {key!r}" + _suggest(key, schema))
-            mvalues[opt.name] = _coerce(opt, raw, where)
+            mvalues[opt.name] = coerce(opt, raw, f"{where}: {opt.name}")
         models.append(ModelConfig(name=name or _stem(path), path=path, engine=mvalues["engine"], values=mvalues))
     if values.get("model") or not models:
         # --model (or nothing configured: the default model, resolved at startup) comes first.
@@ -265,7 +250,48 @@ def build_config(schema: Schema, toml: dict, flags: dict[str, Any], source: str 
     names = [m.name for m in models if m.name]
     if len(names) != len(set(names)):
         raise ConfigError(f"{source}: two models share a name: {names}")
-    return Config(values=values, models=models, plugins=plugins, source=source)
+    return Config(values=values, models=models, plugins=plugins, source=source, schema=schema)
+
+
+class ModelRegistrar(Protocol):
+    """``superfluid_add_models``'s ``register``: adds a model and returns its configuration."""
+
+    def __call__(self, name: str, path: str, values: Mapping[str, Any] | None = None) -> ModelConfig: ...
+
+
+def model_registrar(config: Config) -> ModelRegistrar:
+    """The ``register`` that ``superfluid_add_models`` hands plugins, adding to ``config.models``.
+
+    ``register(name, path, values=None)``: ``values`` sets model-scoped options by key (the
+    core's, such as ``max-batch``, and the registering plugin's own), validated as a
+    ``[[models]]`` table's are. Every other model-scoped option is left to its owner's
+    declaration: the first configured model's value, or the declared default for an option
+    declared ``inherit=False``. Why: a plugin adding a model knows the knobs it sets, not the
+    options of plugins it may not even know; the owner knows whether its value describes the
+    deployment (threads, park, an engine's settings: inherited, as the user configured them) or
+    one model's shape (class lane caps sized for that model's lanes: its default)."""
+    if config.schema is None:
+        raise ConfigError("a Config built without its Schema cannot add models")
+    schema = config.schema
+
+    def register(name: str, path: str, values: Mapping[str, Any] | None = None) -> ModelConfig:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{config.source}: a model needs a non-empty name, got {name!r}")
+        if any(m.name == name for m in config.models):
+            raise ConfigError(f"{config.source}: a model is already named {name!r}")
+        first = config.models[0].values if config.models else {}
+        mvalues = {n: first.get(n, o.default) if o.inherit else o.default
+                   for n, o in schema.options.items() if o.model_scoped}
+        for key, raw in (values or {}).items():
+            opt = schema.lookup(key)
+            if opt is None or not opt.model_scoped:
+                raise ConfigError(f"model {name!r}: unknown model key {key!r}" + _suggest(key, schema))
+            mvalues[opt.name] = coerce(opt, raw, f"model {name!r}: {opt.name}")
+        model = ModelConfig(name=name, path=path, engine=mvalues["engine"], values=mvalues)
+        config.models.append(model)
+        return model
+
+    return register
 
 
 def _stem(path: str) -> str:

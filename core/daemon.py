@@ -11,7 +11,7 @@ from typing import Callable
 
 import attrs
 
-from .config import Config, ModelConfig
+from .config import CORE_OPTIONS, Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
 from .errors import ModelNotFound, ServiceUnavailable
@@ -58,7 +58,7 @@ class Daemon:
         check_required_hooks(pm)
         self.registry = EngineRegistry()
         self.hook.superfluid_add_engines(register=self.registry.add)
-        self.sessions = SessionStore(config.get("state-dir"))
+        self.sessions = SessionStore(CORE_OPTIONS.of(config).state_dir)
         self.sessions.recover()
 
     # ---- models ---------------------------------------------------------------------------
@@ -74,15 +74,16 @@ class Daemon:
         engine = self.registry.create(mc.engine, model=mc, config=self.config)
         engine.start(progress)
         caps = engine.capabilities
+        core = CORE_OPTIONS.of(mc)
         settings = SchedulerSettings(
             max_batch=caps.max_lanes, context_length=caps.context_length,
-            prefill_budget=mc["prefill-budget"], tick_decode_budget=mc["tick-decode-budget"],
-            tick_target_ms=mc["tick-target-ms"], starvation_ticks=mc["starvation-ticks"],
-            park=mc["park"], pressure_high=mc["pressure-high"], pressure_low=mc["pressure-low"],
-            max_queue=mc["max-queue"],
-            host_cache_bytes=mc["host-cache-mb"] << 20,
+            prefill_budget=core.prefill_budget, tick_decode_budget=core.tick_decode_budget,
+            tick_target_ms=core.tick_target_ms, starvation_ticks=core.starvation_ticks,
+            park=core.park, pressure_high=core.pressure_high, pressure_low=core.pressure_low,
+            max_queue=core.max_queue,
+            host_cache_bytes=core.host_cache_mb << 20,
             pinned_tokens=[engine.tokenize(text, add_special=True, parse_special=True)
-                           for text in mc["pin-prompt"] or []],
+                           for text in core.pin_prompt or []],
             extra=dict(mc.values))
         sources: list = []
         self.hook.superfluid_add_pressure_sources(register=sources.append, config=self.config)
@@ -181,7 +182,7 @@ class Daemon:
                 await fe.stop()
 
     async def _drain(self, force: asyncio.Event) -> None:
-        timeout = self.config.get("shutdown-timeout", 30)
+        timeout = CORE_OPTIONS.of(self.config).shutdown_timeout
         busy = [rt.name for rt in self.models.values() if rt.loop.busy()]
         log.info("shutting down: no new requests; waiting up to %.0f s for %s", timeout * 0.8,
                  ", ".join(busy) or "nothing")
@@ -201,7 +202,7 @@ class Daemon:
             if session.state != "open" or not session.prompt_tokens:
                 continue
             runtime = self.models.get(session.model)
-            if runtime is None or not runtime.config.values.get("park"):
+            if runtime is None or not CORE_OPTIONS.of(runtime.config).park:
                 continue
             tokens = runtime.loop.save_prefix(session.prompt_tokens,
                                               self.sessions.artifact_path(session.id), timeout=10)
@@ -215,7 +216,7 @@ class Daemon:
         runtime = self.models.get(session.model)
         tokens = None
         path = self.sessions.artifact_path(session.id)
-        if (runtime is not None and path is not None and runtime.config.values.get("park")
+        if (runtime is not None and path is not None and CORE_OPTIONS.of(runtime.config).park
                 and session.prompt_tokens):
             tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
         self.sessions.parked(session, tokens)

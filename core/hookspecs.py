@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from .config import Config, Schema
+    from .config import Config, ModelRegistrar, Schema
     from .costs import CostModel
     from .daemon import Daemon
     from .engine import EngineCapabilities, EngineFactory
@@ -34,25 +34,46 @@ hookimpl = pluggy.HookimplMarker("superfluid")
 
 
 # ---- startup: configuration and registrars ---------------------------------------------------
-# add_config, configure and add_engines run once on the main thread before any model loads;
-# add_pressure_sources once per model load (an executor thread for a load through /admin);
+# add_config, add_models, configure and add_engines run once on the main thread before any model
+# loads; add_pressure_sources once per model load (an executor thread for a load through /admin);
 # add_frontends once the models are loaded.
 
 @hookspec
 def superfluid_add_config(schema: Schema) -> None:
     """Declare configuration options.
 
-    :param schema: call ``schema.add(Option(...))`` for each option the plugin reads. Every
-        option is both a TOML key and a command-line flag of the same name (``max-batch`` /
-        ``--max-batch``), validated at startup with an error naming the key and the file.
-        Model-scoped options a plugin declares reach its hooks as ``settings.extra[name]``."""
+    :param schema: ``OPTIONS.declare(schema)`` for a
+        :class:`~superfluid.core.options.PluginOptions` holding the plugin's options (or
+        ``schema.add(Option(...))`` for each). Every option is both a TOML key and a command-line
+        flag of the same name (``max-batch`` / ``--max-batch``), validated at startup with an
+        error naming the key and the file. The plugin reads them back typed with
+        ``OPTIONS.of(config)``, ``OPTIONS.of(model)`` or ``OPTIONS.of(settings)`` (its
+        model-scoped ones, also in ``settings.extra``); it reads no other plugin's option."""
+
+
+@hookspec
+def superfluid_add_models(register: ModelRegistrar, config: Config) -> None:
+    """Add models to serve beside the configured ones: ``register(name, path, values)``.
+
+    Called after the configuration is validated and before :func:`superfluid_configure`, so the
+    checks see every model.
+
+    :param register: ``register(name, path, values=None)`` adds the model ``name`` (a name
+        already taken is a :class:`~superfluid.core.errors.ConfigError`) served from ``path``,
+        and returns its :class:`~superfluid.core.config.ModelConfig`. ``values`` sets
+        model-scoped options by key: the core's (``engine``, ``max-batch``, ``max-context``...)
+        and the plugin's own, validated as a ``[[models]]`` table's are. Every other
+        model-scoped option takes the first configured model's value, or its declared default
+        where its owner declared it ``inherit=False`` (the qos plugin's ``class-lanes``).
+    :param config: the validated configuration; ``config.models`` are the models so far."""
 
 
 @hookspec
 def superfluid_configure(config: Config) -> None:
     """Check the validated configuration once, before any engine loads.
 
-    :param config: the whole :class:`~superfluid.core.config.Config`.
+    :param config: the whole :class:`~superfluid.core.config.Config`, with the models
+        :func:`superfluid_add_models` added.
     Raise :class:`~superfluid.core.errors.ConfigError` to refuse it."""
 
 
@@ -109,7 +130,7 @@ def superfluid_pick_next(queue: list[Lane], lanes: list[Lane], now: float, setti
         out.
     :param lanes: the running lanes.
     :param now: ``time.monotonic()`` at the start of planning.
-    :param settings: the model's settings; a plugin's own options are in ``settings.extra``.
+    :param settings: the model's settings; a plugin's own options are ``OPTIONS.of(settings)``.
     :param free_lanes: free lanes now. With none free, the chosen lane is admitted only if
         :func:`superfluid_choose_victim` names a lane to preempt for it.
     :param pressure: the worst OS memory pressure level now: "ok", "warning" or "critical".

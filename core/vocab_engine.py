@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .config import CORE_OPTIONS
 from .engine import Engine, ModelInfo
 from .errors import ConfigError
 from .stop_flag import StopFlag
@@ -48,15 +49,16 @@ class VocabEngine(Engine):
         """Keep the vocabulary and settle the model's context (:func:`context_length`) and lanes
         (``max-batch``) from its options. A context the model cannot take closes the vocabulary
         and raises ConfigError, so a model that fails here holds nothing."""
+        core = CORE_OPTIONS.of(model)
         try:
-            self.max_context = context_length(model.name, model["max-context"], vocab.info.n_ctx_train,
+            self.max_context = context_length(model.name, core.max_context, vocab.info.n_ctx_train,
                                               default_max_context)
         except ConfigError:
             vocab.close()
             raise
         self.vocab = vocab
         self.info = vocab.info
-        self.max_lanes = model["max-batch"]
+        self.max_lanes = core.max_batch
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return self.vocab.tokenize(text, add_special, parse_special)

@@ -17,6 +17,7 @@ from typing import Callable
 import psutil
 import torch
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.constrain import Constrainer
 from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
@@ -29,6 +30,7 @@ from . import model as models
 from .decode_graph import DecodeGraphs
 from .device import free_memory, resolve_decode, resolve_device, resolve_dtype
 from .kv_pool import PagedKV
+from .options import OPTIONS
 from .runner import PREFILL_STEP, BasertRunner
 from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
 
@@ -56,16 +58,17 @@ class BasertEngine(VocabEngine):
         if os.path.isdir(self.path) and not os.path.isfile(os.path.join(self.path, "config.json")):
             raise ConfigError(f"model {model.name!r}: {self.path} is not a Hugging Face model directory "
                               "(no config.json)")
-        self.device = resolve_device(model.values.get("device", "auto"), model.name)
-        self.dtype = resolve_dtype(model.values.get("dtype", "auto"), self.device)
-        self.speculate = int(model.values.get("speculate", 0) or 0)
-        self.kv_bits = int(model.values.get("kv-bits", 0) or 0)
-        self.kv_memory = float(model.values.get("kv-memory", 0.5) or 0.5)
-        attention, graphs = model.values.get("attention", "auto"), model.values.get("cuda-graphs", "auto")
+        core, own = CORE_OPTIONS.of(model), OPTIONS.of(model)
+        self.device = resolve_device(own.device, model.name)
+        self.dtype = resolve_dtype(own.dtype, self.device)
+        self.speculate = int(own.speculate or 0)
+        self.kv_bits = int(own.kv_bits or 0)
+        self.kv_memory = float(own.kv_memory or 0.5)
+        attention, graphs = own.attention, own.cuda_graphs
         self.attention, self.cuda_graphs = resolve_decode(attention, graphs, self.device, self.kv_bits, model.name)
         self.decode_auto = attention == "auto" and graphs == "auto"  # may fall back to sdpa
         self.decode_capture_s = 0.0
-        self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
+        self.pool_cells = int(core.kv_pool_cells or 0)
         vocab = open_vocab(self.path, model.name)
         self.arch = architecture(vocab)
         if self.arch not in SUPPORTED_ARCHS:
@@ -73,12 +76,12 @@ class BasertEngine(VocabEngine):
             raise ConfigError(f"model {model.name!r}: architecture {self.arch or 'unknown'!r} is not one "
                               f"basert implements ({', '.join(SUPPORTED_ARCHS)})")
         self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
-        self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.threads = core.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.capabilities = EngineCapabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
             aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True, embeddings=True,
-            generates=not model["embedding-only"], prefill_step_tokens=PREFILL_STEP,
+            generates=not core.embedding_only, prefill_step_tokens=PREFILL_STEP,
             # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)

@@ -8,6 +8,8 @@ import signal
 
 from aiohttp import web
 
+from superfluid.core.config import CORE_OPTIONS
+
 from .catchup import LoopCatchup
 from .errors import json_errors
 from .events.hub import EventHub
@@ -22,6 +24,7 @@ from .manage.sessions import SessionRoutes
 from .openai.embeddings import EmbeddingRoutes
 from .openai.routes import OpenAIRoutes
 from .openai.tokenize import TokenizeRoutes
+from .options import OPTIONS
 
 log = logging.getLogger("superfluid.http")
 
@@ -65,8 +68,9 @@ class HttpFrontend:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.catchup = LoopCatchup(loop)
-        if self.config.get("key-policy"):
-            self.keys = PolicyFile(self.config["key-policy"])  # a bad file: ConfigError, exit 2
+        key_policy = OPTIONS.of(self.config).key_policy
+        if key_policy:
+            self.keys = PolicyFile(key_policy)  # a bad file: ConfigError, exit 2
             # SIGHUP re-reads it; a request in flight keeps its key, a bad file keeps the old policy
             loop.add_signal_handler(signal.SIGHUP, self.keys.reload)
             self._sighup = True
@@ -79,7 +83,8 @@ class HttpFrontend:
                                     **app[LIMITS].server_kwargs())
         await self.runner.setup()
         guard(self.runner)
-        host, port = self.config["host"], self.config["port"]
+        core = CORE_OPTIONS.of(self.config)
+        host, port = core.host, core.port
         site = web.TCPSite(self.runner, host, port, backlog=1024)
         await site.start()
         # the models' threads reach the catch-up through their tick hook (see catchup.py)

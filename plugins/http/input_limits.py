@@ -57,16 +57,13 @@ class Limits:
 
     @classmethod
     def from_config(cls, config) -> "Limits":
-        d = cls()
-        get = config.get if hasattr(config, "get") else (lambda k, v: v)
-        return cls(max_body_bytes=int(get("max-body-mb", d.max_body_bytes >> 20)) << 20,
-                   max_header_bytes=int(get("max-header-kb", d.max_header_bytes >> 10)) << 10,
-                   max_messages=get("max-messages", d.max_messages), max_stop=get("max-stop", d.max_stop),
-                   max_tools=get("max-tools", d.max_tools),
-                   header_timeout=float(get("header-timeout", d.header_timeout)),
-                   body_timeout=float(get("body-timeout", d.body_timeout)),
-                   keepalive_timeout=float(get("keepalive-timeout", d.keepalive_timeout)),
-                   max_connections=get("max-connections", d.max_connections))
+        """The limits the options set (``config``: the Config, a dict, or ``OPTIONS.of(config)``)."""
+        from .options import OPTIONS  # (options.py imports this module's caps)
+        o = OPTIONS.of(config if config is not None else {})
+        return cls(max_body_bytes=int(o.max_body_mb) << 20, max_header_bytes=int(o.max_header_kb) << 10,
+                   max_messages=o.max_messages, max_stop=o.max_stop, max_tools=o.max_tools,
+                   header_timeout=float(o.header_timeout), body_timeout=float(o.body_timeout),
+                   keepalive_timeout=float(o.keepalive_timeout), max_connections=o.max_connections)
 
     def server_kwargs(self) -> dict:
         """What the AppRunner passes to every connection's :class:`GuardedHandler`."""

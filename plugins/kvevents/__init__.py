@@ -18,34 +18,18 @@ and the topic."""
 
 from __future__ import annotations
 
-from superfluid.core.config import Option, in_range
 from superfluid.core.hookspecs import hookimpl
 
-from .endpoint import DEFAULT_TOPIC, check_endpoint, check_topic
-from .wire import ENCODINGS
+from .options import OPTIONS
 
 
 @hookimpl
 def superfluid_add_config(schema):
-    schema.add(Option("kv-events", str, "", "publish the prefix cache's blocks as vLLM KV events on a ZMQ "
-                      "PUB socket for llm-d's precise prefix scorer: tcp://*:5557 binds (the indexer "
-                      "connects), tcp://HOST:PORT connects to an indexer that binds (default: off)",
-                      check_endpoint, metavar="ENDPOINT"))
-    schema.add(Option("kv-events-topic", str, DEFAULT_TOPIC, "the ZMQ topic of each model's events; "
-                      "{host} and {port} are --host (a wildcard: this machine's address) and --port, "
-                      "{model} the model's name (llm-d expects kv@POD-IP:PORT@MODEL)", check_topic,
-                      metavar="TOPIC"))
-    schema.add(Option("kv-events-block-size", int, 16, "tokens per published block (the scorer's "
-                      "blockSizeTokens); a partial last block is not published", in_range(1, 4096),
-                      metavar="N"))
-    schema.add(Option("kv-events-encoding", str, "array", "how each event is encoded: array (positional, "
-                      "as vLLM before June 2026; every llm-d-kv-cache release reads it) or map (named "
-                      "fields, as vLLM since)",
-                      lambda v: None if v in ENCODINGS else "must be array or map", metavar="ENCODING"))
+    OPTIONS.declare(schema)
 
 
 @hookimpl
 def superfluid_add_frontends(register, config, daemon):
-    if config.get("kv-events"):
+    if OPTIONS.of(config).kv_events:
         from .publisher import KVEventsFrontend
         register(KVEventsFrontend(daemon, config))

@@ -20,11 +20,13 @@ import time
 
 import zmq
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ConfigError
 from superfluid.core.hookspecs import hookimpl
 
 from .blocks import BlockLedger
 from .endpoint import Endpoint, parse_endpoint, topic_for
+from .options import OPTIONS
 from .wire import AllBlocksCleared, encode_batch
 
 log = logging.getLogger("superfluid.kvevents")
@@ -128,9 +130,9 @@ class KVEventsFrontend:
 
     def __init__(self, daemon, config):
         self.daemon = daemon
-        self.publisher = KVEventsPublisher(
-            config["kv-events"], config["kv-events-topic"], config["kv-events-block-size"],
-            config["kv-events-encoding"], host=config.get("host"), port=config.get("port"))
+        own, core = OPTIONS.of(config), CORE_OPTIONS.of(config)
+        self.publisher = KVEventsPublisher(own.kv_events, own.kv_events_topic, core.kv_events_block_size,
+                                           own.kv_events_encoding, host=core.host, port=core.port)
 
     async def start(self) -> None:
         models = list(self.daemon.models)

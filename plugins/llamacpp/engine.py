@@ -9,11 +9,13 @@ from typing import Callable
 
 import psutil
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError, EngineFailure
 from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerProcess, signal_of
 
-from . import FLASH_ATTN, extra_buffers, worker
+from . import extra_buffers, worker
+from .options import FLASH_ATTN, OPTIONS
 from superfluid.plugins.vocab.gguf import Vocab
 
 log = logging.getLogger("superfluid.llamacpp")
@@ -30,11 +32,12 @@ class LlamaCppEngine(WorkerEngine):
         if not os.path.isfile(self.path):
             raise ConfigError(f"model {model.name!r}: file not found: {self.path}")
         self._take_vocab(model, Vocab(self.path, model.name), DEFAULT_MAX_CONTEXT)
-        self.threads = model["threads"] or psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        self.kv_unified = bool(model.values.get("kv-unified", False))
-        self.pool_cells = int(model.values.get("kv-pool-cells", 0) or 0)
-        self.flash_attn = FLASH_ATTN[model.values.get("flash-attn", "auto") or "auto"]
-        self.extra_buffers_mode = model.values.get("llama-extra-buffers", "auto") or "auto"
+        core, own = CORE_OPTIONS.of(model), OPTIONS.of(model)
+        self.threads = core.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.kv_unified = bool(own.kv_unified)
+        self.pool_cells = int(core.kv_pool_cells or 0)
+        self.flash_attn = FLASH_ATTN[own.flash_attn or "auto"]
+        self.extra_buffers_mode = own.llama_extra_buffers or "auto"
         self.extra_buffers: extra_buffers.ExtraBuffers | None = None  # decided at the first start
         if self.pool_cells and self.pool_cells < self.max_context:
             raise ConfigError(f"model {model.name!r}: kv-pool-cells {self.pool_cells} is below max-context "
@@ -43,7 +46,7 @@ class LlamaCppEngine(WorkerEngine):
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefill_step_tokens=512,
             aborts_mid_step=True, grammars=True, compact_slots=True, logprobs=True, logit_bias=True,
-            embeddings=True, generates=not model["embedding-only"],
+            embeddings=True, generates=not core.embedding_only,
             prefix_cache=not self.vocab.recurrent,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.worker = WorkerProcess(model.name)

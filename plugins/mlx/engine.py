@@ -9,6 +9,7 @@ from typing import Callable
 
 import attrs
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
@@ -48,7 +49,8 @@ class MlxEngine(WorkerEngine):
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
             aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True,
             # pooling needs the final hidden states, read where the model's layout is known
-            embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS, generates=not model["embedding-only"],
+            embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS,
+            generates=not CORE_OPTIONS.of(model).embedding_only,
             prefill_step_tokens=worker.PREFILL_STEP,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.worker = WorkerProcess(model.name, "MLX worker")

@@ -6,19 +6,18 @@ Linux reads PSI (``/proc/pressure/memory``) and available memory (psutil); macOS
 
 from __future__ import annotations
 
-from superfluid.core.config import Option
 from superfluid.core.hookspecs import hookimpl
 
+from .options import OPTIONS
 from .sources import OsPressure
 
 
 @hookimpl
 def superfluid_add_config(schema):
-    schema.add(Option("os-pressure", bool, True, "evict cached prefixes (and, when critical, preempt "
-                      "decoding background lanes) under OS memory pressure"))
+    OPTIONS.declare(schema)
 
 
 @hookimpl
 def superfluid_add_pressure_sources(register, config):
-    if config["os-pressure"]:
+    if OPTIONS.of(config).os_pressure:
         register(OsPressure())

@@ -14,8 +14,7 @@ from . import admission, options, planner
 
 @hookimpl
 def superfluid_add_config(schema):
-    for option in options.OPTIONS:
-        schema.add(option)
+    options.OPTIONS.declare(schema)
 
 
 @hookimpl

@@ -8,6 +8,8 @@ from __future__ import annotations
 from superfluid.core import qos
 from superfluid.core.lane import Lane
 
+from .options import OPTIONS
+
 
 def effective_priority(lane: Lane, starvation_ticks: int) -> int:
     """A queued lane rises one class per ``starvation_ticks`` ticks waited."""
@@ -22,7 +24,7 @@ def pick_next(queue: list[Lane], lanes: list[Lane], settings, free_lanes: int = 
     preempt is the lane's own class: the most urgent class by its own priority comes first, as
     aging orders admission but does not take that right away. Under critical OS pressure no
     background lane is admitted."""
-    caps: dict[str, int] = settings.extra.get("class-lanes") or {}
+    caps: dict[str, int] = OPTIONS.of(settings).class_lanes or {}
     running: dict[str, int] = {}
     for lane in lanes:
         running[lane.qos] = running.get(lane.qos, 0) + 1

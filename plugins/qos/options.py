@@ -1,9 +1,10 @@
-"""The QoS options: class lane caps."""
+"""The QoS options: class lane caps, read back typed: ``OPTIONS.of(settings).class_lanes``."""
 
 from __future__ import annotations
 
 from superfluid.core import qos
-from superfluid.core.config import Option
+from superfluid.core.config import CORE_OPTIONS
+from superfluid.core.options import Option, PluginOptions
 from superfluid.core.errors import ConfigError
 
 
@@ -24,18 +25,21 @@ def parse_class_lanes(text: str) -> dict[str, int]:
     return caps
 
 
-OPTIONS = [
+OPTIONS = PluginOptions("qos", [
+    # Caps are counted in one model's lanes: a model another plugin adds (superfluid_add_models,
+    # the HTTP front end's --fim-model) does not inherit the first model's, it has none.
     Option("class-lanes", dict, {}, "cap the lanes a class may hold, e.g. background=2,agent=6 "
            "(each between 1 and --max-batch)", model_scoped=True, metavar="CLASS=N,...",
-           parse=parse_class_lanes),
-]
+           parse=parse_class_lanes, inherit=False),
+])
 
 
 def check_caps(config) -> None:
     """Caps must be between 1 and each model's --max-batch."""
     for model in config.models:
-        caps = model.values.get("class-lanes") or {}
+        caps = OPTIONS.of(model).class_lanes or {}
+        max_batch = CORE_OPTIONS.of(model).max_batch
         for cls, cap in caps.items():
-            if not 1 <= cap <= model["max-batch"]:
+            if not 1 <= cap <= max_batch:
                 raise ConfigError(f"{config.source}: class-lanes: {cls}={cap} must be between 1 and "
-                                  f"--max-batch ({model['max-batch']}) for model {model.name or 'default'!r}")
+                                  f"--max-batch ({max_batch}) for model {model.name or 'default'!r}")

@@ -6,6 +6,7 @@ import time
 
 from aiohttp import web
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ModelNotFound
 
 from .metrics import METRICS
@@ -19,7 +20,8 @@ class InfoRoutes:
         self._document: dict | None = None  # built on first request
         # the model-server gauges, read at scrape time; cells count in blocks of KV events' size
         config = getattr(daemon, "config", None)
-        METRICS.serve_models(lambda: daemon.models, config.get("kv-events-block-size") if config else None)
+        METRICS.serve_models(lambda: daemon.models,
+                             CORE_OPTIONS.of(config).kv_events_block_size if config else None)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)

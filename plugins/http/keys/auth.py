@@ -35,6 +35,7 @@ from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
 
 from ..info.metrics import METRICS
+from ..options import OPTIONS
 from .limits import response_headers
 
 log = logging.getLogger("superfluid.http")
@@ -109,7 +110,8 @@ def note_class(request, cls: str) -> str:
 
 def applied_class(request, config, asked: str | None = None) -> str:
     """The class a request gets: what it asks for (``asked``, else the header if honoured),
-    capped at its key's class; with nothing asked, the key's class or --http-default-qos."""
+    capped at its key's class; with nothing asked, the key's class or --http-default-qos.
+    ``config``: the Config, or this plugin's options (``OPTIONS.of(config)``)."""
     cost = _CURRENT.get()
     if cost is None:
         return _applied_class(request, config, asked)
@@ -121,14 +123,15 @@ def applied_class(request, config, asked: str | None = None) -> str:
 
 
 def _applied_class(request, config, asked: str | None) -> str:
+    opts = OPTIONS.of(config)
     if asked is None:
         header = request.headers.get(QOS_HEADER)
-        if header is not None and config["http-qos-header"]:
+        if header is not None and opts.http_qos_header:
             asked = qos_classes.resolve(header)
     key = request_key(request)
     if key is not None:
         return key.cap(asked)
-    return asked or config["http-default-qos"]
+    return asked or opts.http_default_qos
 
 
 def check_model(request, model: str) -> None:
@@ -197,7 +200,7 @@ def _secret(request) -> str | None:
 def middleware(policy_file, config):
     """The authenticating middleware; ``policy_file`` a :class:`~.policy.PolicyFile` or None."""
 
-    public = PUBLIC + (PROBES if config.get("http-open-probes") else ())
+    public = PUBLIC + (PROBES if OPTIONS.of(config).http_open_probes else ())
 
     @web.middleware
     async def authenticate(request: web.Request, handler):
@@ -254,15 +257,17 @@ def qos_header(config):
     of a key with per-minute limits carries its x-ratelimit-* headers as they stand when the
     response starts (a whole reply's after its completion was charged)."""
 
+    opts = OPTIONS.of(config)
+
     async def add(request: web.Request, response: web.StreamResponse) -> None:
         start = perf_counter()
         cls = request.get(APPLIED)
         if cls is None:
             try:
-                cls = _applied_class(request, config, None)
+                cls = _applied_class(request, opts, None)
             except SuperfluidError:  # a bad header: the class it would have had without one
                 key = request_key(request)
-                cls = key.qos if key is not None else config["http-default-qos"]
+                cls = key.qos if key is not None else opts.http_default_qos
         response.headers[QOS_HEADER] = cls
         for name, value in response_headers(request).items():
             response.headers.setdefault(name, value)  # a 429's own headers stand
