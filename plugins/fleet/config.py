@@ -1,10 +1,14 @@
-"""The fleet head's configuration: the ``[fleet]`` table of a TOML file, then flags over it.
+"""The fleet head's configuration: the ``[fleet]`` table of a TOML file, then flags over it,
+through the same option machinery as ``superfluid serve`` (:mod:`superfluid.core.config`: one
+:class:`Option` per key and flag, validated with errors that name the key or flag and the file).
 
 The head has no local scheduler, so the spec has it refuse the four options that configure one
 (``--class-lanes``, ``--http-default-qos``, ``--no-http-qos-header``,
 ``--http-allow-batch-invariant``), as flags and as ``[fleet]`` keys: a user who sets them on the
 head expects an effect it cannot have, so a clear error that points at each node's own
-``superfluid serve`` beats silently ignoring them. Errors name the key (or flag) and the file."""
+``superfluid serve`` beats silently ignoring them. They are a node's settings (the qos and HTTP
+plugins'), named here only to be refused: the head reads none. Errors name the key (or flag) and
+the file."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from superfluid.core.config import read_toml
+from superfluid.core.config import add_flags, option_values, read_toml
 from superfluid.core.errors import ConfigError
+from superfluid.core.options import Option, PluginOptions, Schema, in_range
 
 # SMG's routing policies (``smg launch --policy``), minus the ones that need something the head
 # does not give SMG: ``manual`` (a routing-key header per request), ``passthrough``.
@@ -30,13 +35,76 @@ REFUSED = {
     "--no-http-qos-header": ("no-http-qos-header", "http-qos-header"),
     "--http-allow-batch-invariant": ("http-allow-batch-invariant",),
 }
-KEYS = ("nodes", "discovery-file", "host", "port", "policy", "smg-port", "log-level")
 
 
 def refusal(flag: str) -> str:
     """The message for a refused local-scheduler option (the same for a flag and a key)."""
     return (f"{flag} is a node setting: the fleet head has no local scheduler; "
             f"set it on each node's own `superfluid serve`")
+
+
+def _url(value: Any) -> tuple[str, str | None]:
+    """(the URL normalised, the problem with it or None)."""
+    if not isinstance(value, str):
+        return "", f"must be a URL string such as http://127.0.0.1:8080, got {value!r}"
+    url = value.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return url, f"must be an http:// or https:// URL such as http://127.0.0.1:8080, got {value!r}"
+    try:
+        parts.port
+    except ValueError:
+        return url, f"has a bad port: {value!r}"
+    if parts.path or parts.query or parts.fragment:
+        return url, f"must be a node's base URL (no path), got {value!r}"
+    return url, None
+
+
+def node_url(value: Any, where: str) -> str:
+    """A node's base URL, normalised (no trailing slash): ``http(s)://host:port``."""
+    url, problem = _url(value)
+    if problem:
+        raise ConfigError(f"{where} {problem}")
+    return url
+
+
+def _parse_node(text: str) -> str:
+    url, problem = _url(text)
+    if problem:
+        raise ConfigError(problem)
+    return url
+
+
+def _one_of(choices: tuple[str, ...]):
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value else "must be a non-empty string"
+
+
+OPTIONS = PluginOptions("fleet", [
+    Option("nodes", list, [], "a node's base URL (a `superfluid serve`), repeatable; TOML: nodes = [...]",
+           parse=_parse_node, metavar="URL", flag="node"),
+    Option("discovery-file", str, None, "JSON file listing the nodes, reread when it changes: "
+           '{"version": 1, "workers": [{"url": "http://host:port"}]} (SMG\'s manifest format)',
+           _non_empty, metavar="FILE"),
+    Option("host", str, "127.0.0.1", "address to listen on", _non_empty, metavar="ADDR"),
+    Option("port", int, 8000, "port to listen on", in_range(0, 65535), metavar="PORT"),
+    Option("policy", str, "cache_aware", f"SMG's routing policy: {', '.join(POLICIES)}", _one_of(POLICIES),
+           metavar="NAME", parse=str.lower),
+    Option("smg-port", int, 0, "SMG's own port on 127.0.0.1, internal; 0 picks a free port", in_range(0, 65535),
+           metavar="PORT"),
+    Option("log-level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS), metavar="LEVEL",
+           parse=str.lower),
+])
+"""``superfluid fleet``'s own options: a command's, not ``serve``'s (never declared to its schema)."""
+
+
+def schema() -> Schema:
+    out = Schema()
+    OPTIONS.declare(out)
+    return out
 
 
 @attrs.define(frozen=True)
@@ -53,83 +121,25 @@ class FleetConfig:
     source: str = "flags"
 
 
-def node_url(value: Any, where: str) -> str:
-    """A node's base URL, normalised (no trailing slash): ``http(s)://host:port``."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where} must be a URL string such as http://127.0.0.1:8080, got {value!r}")
-    url = value.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where} must be an http:// or https:// URL such as http://127.0.0.1:8080, got {value!r}")
-    try:
-        parts.port
-    except ValueError:
-        raise ConfigError(f"{where} has a bad port: {value!r}") from None
-    if parts.path or parts.query or parts.fragment:
-        raise ConfigError(f"{where} must be a node's base URL (no path), got {value!r}")
-    return url
-
-
-def _port(value: Any, where: str, allow_zero: bool) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where} must be an integer port, got {value!r}")
-    lo = 0 if allow_zero else 1
-    if not lo <= value <= 65535:
-        raise ConfigError(f"{where} must be between {lo} and 65535, got {value!r}")
-    return value
-
-
-def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value.lower() not in choices:
-        raise ConfigError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
-    return value.lower()
-
-
-def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a non-empty string, got {value!r}")
-    return value
-
-
-def from_table(table: dict, source: str) -> dict[str, Any]:
-    """The ``[fleet]`` table's values, checked, keyed by :class:`FleetConfig` field."""
-    out: dict[str, Any] = {}
-    for raw_key, value in table.items():
+def _refuse_keys(table: dict, source: str) -> None:
+    for raw_key in table:
         key = raw_key.replace("_", "-")
-        where = f"{source}: [fleet] {raw_key}"
         for flag, spellings in REFUSED.items():
             if key in spellings:
                 raise ConfigError(f"{source}: [fleet] {raw_key}: {refusal(flag)}")
-        if key not in KEYS:
-            raise ConfigError(f"{source}: [fleet]: unknown key {raw_key!r} (known: {', '.join(KEYS)})")
-        if key == "nodes":
-            if not isinstance(value, list):
-                raise ConfigError(f"{where} must be a list of node URLs, got {value!r}")
-            out["nodes"] = tuple(node_url(v, f"{where}[{i}]") for i, v in enumerate(value))
-        elif key == "discovery-file":
-            out["discovery_file"] = _string(value, where)
-        elif key == "host":
-            out["host"] = _string(value, where)
-        elif key == "port":
-            out["port"] = _port(value, where, allow_zero=True)
-        elif key == "smg-port":
-            out["smg_port"] = _port(value, where, allow_zero=True)
-        elif key == "policy":
-            out["policy"] = _choice(value, where, POLICIES)
-        elif key == "log-level":
-            out["log_level"] = _choice(value, where, LOG_LEVELS)
-    return out
 
 
-def read_file(path: str) -> dict[str, Any]:
-    """The ``[fleet]`` table of a TOML file (other tables, e.g. a node's, are not the head's)."""
+def read_file(path: str) -> dict:
+    """The ``[fleet]`` table of a TOML file (other tables, e.g. a node's, are not the head's),
+    refused keys checked."""
     toml = read_toml(path)
     table = toml.get("fleet")
     if table is None:
         raise ConfigError(f"{path}: no [fleet] table")
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: fleet must be a table ([fleet])")
-    return from_table(table, path)
+    _refuse_keys(table, path)
+    return table
 
 
 def from_args(args: argparse.Namespace) -> FleetConfig:
@@ -137,26 +147,16 @@ def from_args(args: argparse.Namespace) -> FleetConfig:
     for flag in REFUSED:
         if getattr(args, "refused_" + flag.lstrip("-").replace("-", "_"), None) is not None:
             raise ConfigError(refusal(flag))
-    values: dict[str, Any] = {}
-    source = "flags"
+    table, source = {}, "flags"
     if args.config:
-        values.update(read_file(args.config))
-        source = args.config
-    if args.node:
-        values["nodes"] = tuple(node_url(v, "--node") for v in args.node)
-    if args.discovery_file is not None:
-        values["discovery_file"] = _string(args.discovery_file, "--discovery-file")
-    if args.host is not None:
-        values["host"] = _string(args.host, "--host")
-    if args.port is not None:
-        values["port"] = _port(args.port, "--port", allow_zero=True)
-    if args.smg_port is not None:
-        values["smg_port"] = _port(args.smg_port, "--smg-port", allow_zero=True)
-    if args.policy is not None:
-        values["policy"] = _choice(args.policy, "--policy", POLICIES)
-    if args.log_level is not None:
-        values["log_level"] = _choice(args.log_level, "--log-level", LOG_LEVELS)
-    config = FleetConfig(source=source, **values)
+        table, source = read_file(args.config), args.config
+    options = schema()
+    values = option_values(options, table, {o.dest: getattr(args, o.dest, None) for o in options},
+                           f"{source}: [fleet] ")
+    opts = OPTIONS.of(values)
+    config = FleetConfig(nodes=tuple(opts.nodes), discovery_file=opts.discovery_file, host=opts.host,
+                         port=opts.port, policy=opts.policy, smg_port=opts.smg_port, log_level=opts.log_level,
+                         source=source)
     if not config.nodes and not config.discovery_file:
         raise ConfigError(f"{source}: no nodes: give --node URL (repeatable), nodes = [...] in [fleet], "
                           f"or --discovery-file FILE")
@@ -167,18 +167,7 @@ def from_args(args: argparse.Namespace) -> FleetConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with a [fleet] table (flags override it)")
-    parser.add_argument("--node", action="append", metavar="URL",
-                        help="a node's base URL (a `superfluid serve`), repeatable; TOML: nodes = [...]")
-    parser.add_argument("--discovery-file", metavar="FILE",
-                        help="JSON file listing the nodes, reread when it changes: "
-                             '{"version": 1, "workers": [{"url": "http://host:port"}]} (SMG\'s manifest format)')
-    parser.add_argument("--host", metavar="ADDR", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, metavar="PORT", help="port to listen on (default: 8000)")
-    parser.add_argument("--policy", metavar="NAME",
-                        help=f"SMG's routing policy: {', '.join(POLICIES)} (default: cache_aware)")
-    parser.add_argument("--smg-port", type=int, metavar="PORT",
-                        help="SMG's own port on 127.0.0.1, internal (default: a free port)")
-    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning or error (default: info)")
+    add_flags(parser, schema())
     # Refused (node settings): accepted by the parser so the error can name them.
     for flag in REFUSED:
         dest = "refused_" + flag.lstrip("-").replace("-", "_")

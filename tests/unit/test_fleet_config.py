@@ -108,3 +108,39 @@ def test_refused_keys_exit_2_naming_the_key_and_file(tmp_path, capsys, key, valu
 def test_discovery_file_alone_is_enough(tmp_path):
     c = parse("--discovery-file", str(tmp_path / "nodes.json"))
     assert c.nodes == () and c.discovery_file.endswith("nodes.json")
+
+
+REFUSAL = ("superfluid fleet: configuration error: {flag} is a node setting: the fleet head has no local "
+           "scheduler; set it on each node's own `superfluid serve`\n")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--class-lanes", "agent=2"], "--class-lanes"),
+    (["--http-default-qos", "background"], "--http-default-qos"),
+    (["--no-http-qos-header"], "--no-http-qos-header"),
+    (["--http-allow-batch-invariant"], "--http-allow-batch-invariant"),
+])
+def test_refused_flags_give_exactly_their_message(capsys, argv, flag):
+    assert cli.main(["fleet", "--node", NODE, *argv]) == 2
+    assert capsys.readouterr().err == REFUSAL.format(flag=flag)
+
+
+def test_a_refused_key_gives_exactly_its_message(tmp_path, capsys):
+    path = write(tmp_path, f'[fleet]\nnodes = ["{NODE}"]\nhttp_qos_header = false\n')
+    assert cli.main(["fleet", "--config", path]) == 2
+    assert capsys.readouterr().err == (f"superfluid fleet: configuration error: {path}: [fleet] http_qos_header: "
+                                       + REFUSAL.format(flag="--no-http-qos-header").split("error: ", 1)[1])
+
+
+def test_the_head_uses_the_core_option_machinery(tmp_path):
+    """Its options are core Options, loaded by the serve path's option_values: types, checks and
+    the errors that name the key come from there."""
+    from superfluid.core.options import PluginOptions
+    assert isinstance(fleet_config.OPTIONS, PluginOptions)
+    assert {o.name for o in fleet_config.OPTIONS} == {"nodes", "discovery-file", "host", "port", "policy",
+                                                       "smg-port", "log-level"}
+    assert fleet_config.OPTIONS.of({}).port == 8000
+    with pytest.raises(ConfigError, match=r"^--port must be between 0 and 65535, got 70000$"):
+        parse("--node", NODE, "--port", "70000")
+    with pytest.raises(ConfigError, match="did you mean 'smg-port'"):
+        parse("--config", write(tmp_path, '[fleet]\nnodes = ["http://x:1"]\nsmg_prot = 1\n'))
