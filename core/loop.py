@@ -90,18 +90,24 @@ class ModelLoop:
                 self.engine.request_yield()
         return lane
 
+    def check_serves(self, embed: bool) -> None:
+        """An embedding where this model's engine computes none, or a generation from an
+        embedding-only model, as a 400. Submit checks it for every request; a front end may ask
+        first, before it tokenizes a batch of inputs for nothing."""
+        caps = self.engine.capabilities
+        if embed and not getattr(caps, "embeddings", False):
+            raise InvalidRequest(f"model {self.name!r} does not serve embeddings (its engine cannot "
+                                 "compute them)", code="embeddings_not_supported", param="model")
+        if not embed and not getattr(caps, "generates", True):
+            raise InvalidRequest(f"model {self.name!r} is embedding-only (embedding-only = true): use "
+                                 "/v1/embeddings", code="model_not_generative", param="model")
+
     def _check_kind(self, request: Request) -> None:
         """What this model cannot serve, whatever front end sent it, as a 400: an embedding where
         its engine computes none, a generation from an embedding-only model, a constraint that
         cannot be enforced (refused, never sampled freely). Front ends leave these to this one
         check; ``request.meta["constraint_param"]`` names the field a constraint came from."""
-        caps = self.engine.capabilities
-        if request.embed and not getattr(caps, "embeddings", False):
-            raise InvalidRequest(f"model {self.name!r} does not serve embeddings (its engine cannot "
-                                 "compute them)", code="embeddings_not_supported", param="model")
-        if not request.embed and not getattr(caps, "generates", True):
-            raise InvalidRequest(f"model {self.name!r} is embedding-only (embedding-only = true): use "
-                                 "/v1/embeddings", code="model_not_generative", param="model")
+        self.check_serves(embed=request.embed)
         if request.sampling.constrained:
             try:
                 check_constraint(request.sampling)

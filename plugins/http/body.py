@@ -1,6 +1,6 @@
-"""A request's body as a JSON object, read under the server's input limits (size, read time,
-list lengths: :mod:`.input_limits`) and held to the fields its route accepts. Every route that
-takes a body reads it here, so a bad one is the same 400, 408 or 413 wherever it is sent."""
+"""A request's body read under the server's input limits (size, read time, list lengths:
+:mod:`.input_limits`) and parsed into its route's typed request (:mod:`.typed`). Every route
+that takes a body reads it here, so a bad one is the same 400, 408 or 413 wherever it is sent."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from superfluid.core.errors import InvalidRequest, RequestTimeout
 
 from .input_limits import LIMITS, Limits
+from .typed import Body, parse
 
 
 def _limits(request) -> Limits | None:
@@ -73,13 +74,17 @@ async def read_body(request) -> dict:
     return body
 
 
-def check_fields(body: Any, allowed: set[str]) -> dict:
-    """``body`` itself when it is an object holding no field but ``allowed``; else a 400 (an
-    unknown field's names it)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object", code="invalid_body")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(f"Unrecognized request argument supplied: {', '.join(unknown)}",
-                             param=unknown[0], code="unknown_parameter")
-    return body
+async def read_as(request, cls: type[Body]) -> Body:
+    """The request's body as the route's typed request ``cls`` (:mod:`.typed`): every route that
+    takes a body reads it here, and nothing after the route sees the raw JSON."""
+    return parse(cls, await read_body(request))
+
+
+async def read_optional(request, cls: type[Body]) -> Body:
+    """As :func:`read_as`, for a route whose body may be left out (no body: ``cls()``)."""
+    if not request.can_read_body:
+        return cls()
+    raw = await request.read()
+    if not raw.strip():
+        return cls()
+    return await read_as(request, cls)

@@ -39,8 +39,8 @@ from aiohttp.web_protocol import RequestHandler
 
 log = logging.getLogger("superfluid.http")
 
-STOP_CAP = 64     # --max-stop at most this (params.stop_strings' own bound)
-TOOLS_CAP = 128   # --max-tools at most this (tool_validate.MAX_TOOLS)
+STOP_CAP = 64     # --max-stop at most this (the typed stop field's own bound)
+TOOLS_CAP = 128   # --max-tools at most this (chat_protocol.MAX_TOOLS)
 
 
 @attrs.frozen

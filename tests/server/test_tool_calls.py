@@ -9,7 +9,9 @@ import random
 import pytest
 
 from superfluid.core.chat import template_caps
-from superfluid.plugins.http.prepare import tool_format, tool_parse, tool_render, tool_validate
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
+from superfluid.plugins.http.prepare import tool_format, tool_parse, tool_plan, tool_render
+from superfluid.plugins.http.typed import parse
 
 from .test_bad_input import body, post
 
@@ -35,8 +37,14 @@ NATIVE = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t |
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def plan_of(fields: dict, grammars: bool = False):
+    """The tool plan of a chat request holding ``fields``."""
+    req = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **fields})
+    return tool_plan.plan(req, grammars=grammars)
+
+
 def plan(**kw):
-    return tool_validate.plan({"tools": [WEATHER, TIME], **kw})
+    return plan_of({"tools": [WEATHER, TIME], **kw})
 
 
 # ---- units ----------------------------------------------------------------------------------
@@ -208,7 +216,7 @@ BAD = [
     ("unknown tool_choice", {"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
     ("tool_choice names an undeclared tool", {"tools": [WEATHER], "tool_choice":
                                                {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
-    ("tool_choice malformed", {"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice"),
+    ("tool_choice malformed", {"tools": [WEATHER], "tool_choice": {"type": "function"}}, "tool_choice.function"),
     ("required without tools", {"tool_choice": "required"}, "tool_choice"),
     ("parallel_tool_calls not a bool", {"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ("tool message without tool_call_id", {"messages": ASK + [{"role": "tool", "content": "x"}]},
@@ -276,9 +284,9 @@ def grammar_takes(vocab, sampling, text: str) -> bool:
 
 
 def test_forced_call_grammar_follows_the_schema(vocab):
-    tools = tool_validate.plan({"tools": [FORECAST, TIME], "tool_choice": FORCE_FORECAST}, grammars=True)
+    tools = plan_of({"tools": [FORECAST, TIME], "tool_choice": FORCE_FORECAST}, grammars=True)
     assert tools.prefill == '<tool_call>\n{"name": "get_forecast", "arguments":'
-    assert tool_validate.plan({"tools": [FORECAST], "tool_choice": FORCE_FORECAST}).constraint is None  # not asked: none
+    assert plan_of({"tools": [FORECAST], "tool_choice": FORCE_FORECAST}).constraint is None  # not asked: none
     good = ' {"city": "Paris", "days": 3}}\n</tool_call>'
     assert grammar_takes(vocab, grammar(tools), good)
     assert grammar_takes(vocab, grammar(tools), ' {"city": "Oslo", "days": -2, "unit": "fahrenheit"}}\n</tool_call>')
@@ -293,7 +301,7 @@ def test_forced_call_grammar_follows_the_schema(vocab):
 
 
 def test_required_grammar_alternates_the_names(vocab):
-    tools = tool_validate.plan({"tools": [FORECAST, TIME], "tool_choice": "required"}, grammars=True)
+    tools = plan_of({"tools": [FORECAST, TIME], "tool_choice": "required"}, grammars=True)
     assert tools.choice == "required" and tools.prefill == '<tool_call>\n{"name":'
     assert grammar_takes(vocab, grammar(tools), ' "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>')
     assert grammar_takes(vocab, grammar(tools), ' "get_forecast", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>')
@@ -306,7 +314,7 @@ def test_schema_beyond_the_library_is_refused_not_sampled_freely(vocab):
 
     odd = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "https://example.com/schema.json"}}}}}
-    tools = tool_validate.plan({"tools": [odd], "tool_choice": "required"}, grammars=True)
+    tools = plan_of({"tools": [odd], "tool_choice": "required"}, grammars=True)
     assert tools.choice == "function"
     with pytest.raises(UnsupportedConstraint, match="example.com"):
         check(grammar(tools))
@@ -314,7 +322,7 @@ def test_schema_beyond_the_library_is_refused_not_sampled_freely(vocab):
 
 def test_a_tool_without_parameters_takes_any_object(vocab):
     bare = {"type": "function", "function": {"name": "g"}}  # no parameters: any object
-    assert grammar_takes(vocab, grammar(tool_validate.plan({"tools": [bare], "tool_choice": "required"}, grammars=True)),
+    assert grammar_takes(vocab, grammar(plan_of({"tools": [bare], "tool_choice": "required"}, grammars=True)),
                          ' {}}\n</tool_call>')
 
 

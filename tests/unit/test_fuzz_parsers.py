@@ -1,6 +1,7 @@
 """Property-based fuzzing of the pure parsers: whatever comes in, only the errors they document
-come out. Request bodies (plugins/http/prepare/params.py and the tool fields) may raise only a 4xx
-SuperfluidError naming a field; TOML configuration only ConfigError; chat messages only a 400
+come out. Request bodies (parsed into the routes' typed requests, plugins/http/typed.py, then
+turned into core's terms by plugins/http/prepare/) may raise only a 4xx SuperfluidError naming a
+field; TOML configuration only ConfigError; chat messages only a 400
 from validation or rendering; the key-policy file only ConfigError.
 
 Bounded (max_examples, no deadline) so the file runs in well under a minute on two cores."""
@@ -22,10 +23,14 @@ from superfluid.core.chat import render_chat  # noqa: E402
 from superfluid.core.config import Schema, build_config, core_options, read_toml  # noqa: E402
 from superfluid.core.errors import ConfigError, InvalidRequest, SuperfluidError  # noqa: E402
 from superfluid.core.plugins import make_plugin_manager  # noqa: E402
-from superfluid.plugins.http.body import check_fields, read_body  # noqa: E402
-from superfluid.plugins.http.prepare import params, tool_validate  # noqa: E402
-from superfluid.plugins.http.prepare.preparer import max_tokens  # noqa: E402
+from superfluid.plugins.http.body import read_body  # noqa: E402
+from superfluid.plugins.http.info.openapi_requests import REQUESTS  # noqa: E402
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest  # noqa: E402
+from superfluid.plugins.http.openai.protocol import CompletionRequest, InfillRequest  # noqa: E402
+from superfluid.plugins.http.prepare import params, tool_plan  # noqa: E402
+from superfluid.plugins.http.prepare.preparer import limit_field, max_tokens  # noqa: E402
 from superfluid.plugins.http.prepare.tool_render import render_prompt  # noqa: E402
+from superfluid.plugins.http.typed import parse  # noqa: E402
 
 # derandomized: the same examples on every run, so CI is stable (raise max_examples locally to dig)
 SCALE = float(os.environ.get("SUPERFLUID_FUZZ_SCALE", "1"))  # e.g. 10 to dig deeper locally
@@ -85,36 +90,39 @@ NEAR = {
 }
 
 
-def _body(kind: str):
-    fields = sorted(params.FIELDS[kind])
-    value = st.one_of(st.sampled_from(fields).flatmap(lambda k: st.tuples(st.just(k), NEAR.get(k, json_values))),
-                      st.tuples(st.text(max_size=8), json_values))  # unknown fields too
+KINDS = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "infill": InfillRequest}
+
+
+def _fields(cls) -> list[str]:
+    """The JSON names of a typed request's fields."""
+    return sorted(field.alias or name for name, field in cls.model_fields.items())
+
+
+def _body(cls):
+    value = st.tuples(st.text(max_size=8), json_values)  # unknown fields too
+    if _fields(cls):
+        value = st.sampled_from(_fields(cls)).flatmap(lambda k: st.tuples(st.just(k), NEAR.get(k, json_values))) | value
     return st.lists(value, max_size=8).map(dict) | json_values  # and bodies that are no object
 
 
 def _validate(kind: str, body) -> None:
     """What prepare() does with a body before it needs a model (prompts tokenized as bytes)."""
-    check_fields(body, params.FIELDS[kind])
-    params.unsupported(body)
-    if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
-        body = {**body, "max_tokens": body["n_predict"] if body["n_predict"] != -1 else None}
+    req = parse(KINDS[kind], body)
     n_prompt = 0
     if kind == "chat":
-        tool_validate.plan(body, grammars=True)
-        tool_validate.check_messages(params.chat_messages(body))
-    elif kind == "completion" and body.get("suffix") is not None:
-        n_prompt = len(params.fim_parts(body)) + len(params.text(body, "suffix"))
+        tool_plan.plan(req, grammars=True)
+        [m.for_template() for m in req.messages]
+    elif kind == "completion" and req.suffix is not None:
+        n_prompt = len(params.fim_prefix(req.prompt)) + len(req.suffix)
     elif kind == "completion":
-        n_prompt = len(params.completion_prompt(body, lambda s: list(s.encode())))
+        n_prompt = len(params.completion_prompt(req.prompt, lambda s: list(s.encode())))
     else:
-        for key in ("input_prefix", "input_suffix", "prompt"):
-            n_prompt += len(params.text(body, key))
-    params.boolean(body, "stream")
-    max_tokens(body, kind != "completion", n_prompt, 2048)
-    params.sampling(body)
-    params.stop_strings(body)
-    params.boolean(body, "ignore_eos")
-    params.boolean(body, "cache_prompt", True)
+        n_prompt = len(req.input_prefix) + len(req.input_suffix) + len(req.prompt)
+    wanted, field = limit_field(req)
+    max_tokens(wanted, field, kind != "completion", n_prompt, 2048)
+    params.sampling(req)
+    params.stop_strings(req)
+    params.logit_bias(req, 70000)
 
 
 def _client_error(exc: SuperfluidError, body) -> None:
@@ -126,10 +134,10 @@ def _client_error(exc: SuperfluidError, body) -> None:
         assert exc.param in body or top in body, f"param {exc.param!r} names no field of the body: {exc.message}"
 
 
-@pytest.mark.parametrize("kind", ["chat", "completion", "infill"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
 def test_request_bodies(kind):
     @FUZZ
-    @given(body=_body(kind))
+    @given(body=_body(KINDS[kind]))
     def check(body):
         try:
             _validate(kind, body)
@@ -139,25 +147,14 @@ def test_request_bodies(kind):
     check()
 
 
-STAGES = {
-    "unsupported": params.unsupported,
-    "sampling": params.sampling,
-    "stop_strings": params.stop_strings,
-    "stream": lambda body: params.boolean(body, "stream"),
-    "max_tokens": lambda body: max_tokens(body, True, 10, 2048),
-    "tools": lambda body: tool_validate.plan(body, grammars=True),
-}
-
-
-# Each stage on its own, so the later ones see bodies an earlier stage would have refused.
-@pytest.mark.parametrize("stage", sorted(STAGES))
-def test_field_validators(stage):
-    @FUZZ
-    @given(body=st.lists(st.sampled_from(sorted(params.CHAT_FIELDS | params.COMPLETION_FIELDS)).flatmap(
-        lambda k: st.tuples(st.just(k), NEAR.get(k, json_values))), max_size=6).map(dict))
+# Every route's typed request on its own: whatever comes in, a value or a 400 naming a field.
+@pytest.mark.parametrize("cls", REQUESTS, ids=lambda cls: cls.__name__)
+def test_typed_requests(cls):
+    @FEW
+    @given(body=_body(cls))
     def check(body):
         try:
-            STAGES[stage](body)
+            parse(cls, body)
         except SuperfluidError as exc:
             _client_error(exc, body)
 
@@ -171,7 +168,7 @@ def test_sampling_found(body):
     OverflowError, a 500), and repeat_penalty's errors named param 'r'. Each is a 400 naming its
     field now."""
     with pytest.raises(SuperfluidError) as info:
-        params.sampling(body)
+        parse(CompletionRequest, {"prompt": "x", **body})
     assert info.value.status == 400 and info.value.param == next(iter(body)), info.value.message
 
 
@@ -227,8 +224,9 @@ CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role']
 def test_chat_messages(msgs, tools, choice):
     body = {"messages": msgs, "tools": tools, "tool_choice": choice}
     try:
-        plan = tool_validate.plan(body, grammars=True)
-        checked = tool_validate.check_messages(params.chat_messages(body))
+        req = parse(ChatCompletionRequest, body)
+        plan = tool_plan.plan(req, grammars=True)
+        checked = [m.for_template() for m in req.messages]
         render_prompt(CHATML, checked, plan, add_generation_prompt=True)
         render_chat(CHATML, checked)
     except SuperfluidError as exc:
@@ -362,6 +360,6 @@ def test_qos_names_are_what_the_schema_lists():
 def test_message_string_fields_are_type_checked(key):
     """Found by the API fuzzer: these were passed to the chat template unchecked."""
     with pytest.raises(InvalidRequest) as exc:
-        params.chat_messages({"messages": [{"role": "user", "content": "hi", key: [1]}]})
+        parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi", key: [1]}]})
     assert exc.value.param == f"messages[0].{key}"
 

@@ -1,6 +1,7 @@
 """The OpenAI request fields beyond plain sampling, parsed and shaped without a server:
 ``response_format``, ``logprobs``/``top_logprobs``, ``n``/``best_of``, ``logit_bias``, and the
-logprobs objects of both APIs (plugins/http/prepare/: params.py, response_format.py, logprob_format.py)."""
+logprobs objects of both APIs (parsed by plugins/http/openai/protocol.py and chat_protocol.py; then
+plugins/http/prepare/: params.py, response_format.py, logprob_format.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from superfluid.core.constrain import check
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 from superfluid.core.tick import TokenLogprob
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
+from superfluid.plugins.http.openai.protocol import CompletionRequest
 from superfluid.plugins.http.prepare import logprob_format, params, response_format
+from superfluid.plugins.http.typed import parse
 from superfluid.plugins.http.prepare.logprob_format import CompletionLogprobs, TokenText, chat_entries
 
 
@@ -20,6 +24,31 @@ def refused(fn, *args):
     return info.value.param, info.value.code
 
 
+def chat(body: dict) -> ChatCompletionRequest:
+    """A chat request holding ``body``'s fields (and one message)."""
+    return parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def completion(body: dict) -> CompletionRequest:
+    return parse(CompletionRequest, {"prompt": "hi", **body})
+
+
+def constraint(body: dict):
+    return response_format.constraint(chat(body).response_format)
+
+
+def chat_logprobs(body: dict):
+    return logprob_format.chat_request(chat(body))
+
+
+def completion_logprobs(body: dict):
+    return logprob_format.completion_request(completion(body))
+
+
+def logit_bias(body: dict, n_vocab: int):
+    return params.logit_bias(chat(body), n_vocab)
+
+
 # ---- response_format ------------------------------------------------------------------------
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
@@ -27,13 +56,13 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 
 def test_response_formats_become_constraints():
-    assert response_format.constraint({}) is None
-    assert response_format.constraint({"response_format": {"type": "text"}}) is None
-    assert response_format.constraint({"response_format": {"type": "json_object"}}) == JsonConstraint(
+    assert constraint({}) is None
+    assert constraint({"response_format": {"type": "text"}}) is None
+    assert constraint({"response_format": {"type": "json_object"}}) == JsonConstraint(
         choices=(JsonChoice("", {"type": "object"}),))
     fmt = {"type": "json_schema", "json_schema": {"name": "A-b_1", "schema": SCHEMA, "strict": True,
                                                   "description": "d"}}
-    assert response_format.constraint({"response_format": fmt}) == JsonConstraint(choices=(JsonChoice("", SCHEMA),))
+    assert constraint({"response_format": fmt}) == JsonConstraint(choices=(JsonChoice("", SCHEMA),))
 
 
 @pytest.mark.parametrize("fmt, param, code", [
@@ -55,7 +84,7 @@ def test_response_formats_become_constraints():
      "unknown_parameter"),
 ])
 def test_malformed_response_formats_name_the_part(fmt, param, code):
-    assert refused(response_format.constraint, {"response_format": fmt}) == (param, code)
+    assert refused(constraint, {"response_format": fmt}) == (param, code)
 
 
 def test_what_pydantic_and_the_openai_sdk_send_is_enforceable():
@@ -75,29 +104,29 @@ def test_what_pydantic_and_the_openai_sdk_send_is_enforceable():
     assert "$defs" in schema and schema["additionalProperties"] is False
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "Answer", "schema": schema,
                                                                        "strict": True}}}
-    check(SamplingParams(json_schema=response_format.constraint(body)))  # what ModelLoop.submit asks
+    check(SamplingParams(json_schema=constraint(body)))  # what ModelLoop.submit asks
 
 
 # ---- logprobs -------------------------------------------------------------------------------
 
 def test_chat_logprobs_fields():
-    assert logprob_format.chat_request({}) is None
-    assert logprob_format.chat_request({"logprobs": False}) is None
-    assert logprob_format.chat_request({"logprobs": True}) == 0
-    assert logprob_format.chat_request({"logprobs": True, "top_logprobs": 20}) == 20
-    assert refused(logprob_format.chat_request, {"logprobs": True, "top_logprobs": 21}) == ("top_logprobs",
+    assert chat_logprobs({}) is None
+    assert chat_logprobs({"logprobs": False}) is None
+    assert chat_logprobs({"logprobs": True}) == 0
+    assert chat_logprobs({"logprobs": True, "top_logprobs": 20}) == 20
+    assert refused(chat_logprobs, {"logprobs": True, "top_logprobs": 21}) == ("top_logprobs",
                                                                                            "invalid_value")
-    assert refused(logprob_format.chat_request, {"top_logprobs": 2}) == ("top_logprobs", "invalid_value")
-    assert refused(logprob_format.chat_request, {"logprobs": 1}) == ("logprobs", "invalid_type")
+    assert refused(chat_logprobs, {"top_logprobs": 2}) == ("top_logprobs", "invalid_value")
+    assert refused(chat_logprobs, {"logprobs": 1}) == ("logprobs", "invalid_type")
 
 
 def test_completion_logprobs_field():
-    assert logprob_format.completion_request({}) is None
-    assert logprob_format.completion_request({"logprobs": False}) is None
-    assert logprob_format.completion_request({"logprobs": 0}) == 0
-    assert logprob_format.completion_request({"logprobs": 5}) == 5
-    assert refused(logprob_format.completion_request, {"logprobs": 6}) == ("logprobs", "invalid_value")
-    assert refused(logprob_format.completion_request, {"logprobs": True}) == ("logprobs", "invalid_type")
+    assert completion_logprobs({}) is None
+    assert completion_logprobs({"logprobs": False}) is None
+    assert completion_logprobs({"logprobs": 0}) == 0
+    assert completion_logprobs({"logprobs": 5}) == 5
+    assert refused(completion_logprobs, {"logprobs": 6}) == ("logprobs", "invalid_value")
+    assert refused(completion_logprobs, {"logprobs": True}) == ("logprobs", "invalid_type")
 
 
 # Token 1 is "é" split over two tokens (2, 3); 4 is " a"; 5 is special (no bytes).
@@ -135,22 +164,23 @@ def test_a_prompt_scored_short_leaves_nulls_not_a_crash():
 # ---- n, best_of, logit_bias -------------------------------------------------------------------
 
 def test_n_and_best_of():
-    assert params.choice_count({}) == 1 and params.choice_count({"n": 16}) == 16
-    assert params.choice_count({"n": 3, "best_of": 3}) == 3
-    assert refused(params.choice_count, {"n": 0}) == ("n", "invalid_value")
-    assert refused(params.choice_count, {"n": 17}) == ("n", "invalid_value")
-    assert refused(params.choice_count, {"n": 2, "best_of": 3}) == ("best_of", "unsupported_value")
-    assert refused(params.choice_count, {"best_of": 2}) == ("best_of", "unsupported_value")
+    assert completion({}).n == 1 and completion({"n": 16}).n == 16
+    assert completion({"n": 3, "best_of": 3}).n == 3
+    assert refused(completion, {"n": 0}) == ("n", "invalid_value")
+    assert refused(completion, {"n": 17}) == ("n", "invalid_value")
+    assert refused(completion, {"n": 2, "best_of": 3}) == ("best_of", "unsupported_value")
+    assert refused(completion, {"best_of": 2}) == ("best_of", "unsupported_value")
 
 
 def test_logit_bias():
-    assert params.logit_bias({}, 100) == () and params.logit_bias({"logit_bias": {}}, 100) == ()
-    assert params.logit_bias({"logit_bias": {"7": -100, "3": 2.5}}, 100) == ((3, 2.5), (7, -100.0))
+    assert logit_bias({}, 100) == () and logit_bias({"logit_bias": {}}, 100) == ()
+    assert logit_bias({"logit_bias": {"7": -100, "3": 2.5}}, 100) == ((3, 2.5), (7, -100.0))
     for bad, code in (([1], "invalid_type"), ({"a": 1}, "invalid_value"), ({"-1": 1}, "invalid_value"),
                       ({"100": 1}, "invalid_value"), ({"1" * 5000: 1}, "invalid_value"),
                       ({"5": 100.5}, "invalid_value"), ({"5": "1"}, "invalid_type"), ({"5": True}, "invalid_type"),
                       ({str(i): 1 for i in range(301)}, "invalid_value")):
-        assert refused(params.logit_bias, {"logit_bias": bad}, 1000 if len(bad) > 300 else 100) == ("logit_bias", code)
+        param, got = refused(logit_bias, {"logit_bias": bad}, 1000 if len(bad) > 300 else 100)
+        assert param.split(".")[0] == "logit_bias" and got == code, (bad, param, got)
 
 
 # ---- fields accepted and ignored ----------------------------------------------------------------
@@ -159,9 +189,9 @@ def test_logit_bias():
                                           ("service_tier", 1), ("reasoning_effort", {}),
                                           ("safety_identifier", 3), ("prompt_cache_key", [])])
 def test_ignored_fields_still_have_their_type(field, value):
-    assert refused(params.unsupported, {field: value}) == (field, "invalid_type")
+    assert refused(chat, {field: value}) == (field, "invalid_type")
 
 
 def test_ignored_fields_of_their_type_pass():
-    params.unsupported({"metadata": {"a": "b"}, "store": False, "service_tier": "auto", "reasoning_effort": "low",
+    chat({"metadata": {"a": "b"}, "store": False, "service_tier": "auto", "reasoning_effort": "low",
                         "safety_identifier": "u1", "prompt_cache_key": "k", "stream_options": None})

@@ -1,5 +1,5 @@
-"""plugins/http/prepare/preparer.py: a body and its headers become one frozen Prepared value, with a fake
-daemon (a whitespace tokenizer, a ChatML template); no model, no server."""
+"""plugins/http/prepare/preparer.py: a typed request and its headers become one frozen Prepared value,
+with a fake daemon (a whitespace tokenizer, a ChatML template); no model, no server."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import attrs
 import pytest
 
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
+from superfluid.plugins.http.openai.protocol import CompletionRequest, InfillRequest
 from superfluid.plugins.http.prepare.preparer import Preparer, max_tokens
 from superfluid.plugins.http.prepare.tool_format import CLOSE
+from superfluid.plugins.http.typed import parse
+
+KINDS = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "infill": InfillRequest}
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
           "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
@@ -75,7 +80,8 @@ def prepare(body, *, grammars=True, ctx=64, headers=None, qos=None, kind="chat")
         sinks.append(stream)
         return FakeBridge(lanes)
 
-    prep = Preparer(daemon, CONFIG).prepare(FakeHttp(headers), body, kind, arrived=1.0, make_sink=make_sink, qos=qos)
+    prep = Preparer(daemon, CONFIG).prepare(FakeHttp(headers), parse(KINDS[kind], body), arrived=1.0,
+                                            make_sink=make_sink, qos=qos)
     return prep, daemon.runtime.engine, sinks
 
 
@@ -115,7 +121,7 @@ def test_the_prompt_against_the_context_is_the_schedulers_check():
     with pytest.raises(ContextLengthExceeded) as info:
         prepare({"prompt": "a b c", "max_tokens": 100}, ctx=16, kind="completion")
     assert info.value.param == "max_tokens"
-    assert max_tokens({}, False, 3, 64) == 16 and max_tokens({}, True, 3, 64) == 61
+    assert max_tokens(None, "max_tokens", False, 3, 64) == 16 and max_tokens(None, "max_tokens", True, 3, 64) == 61
 
 
 def test_the_qos_header_is_validated_also_when_a_session_overrides_it():
@@ -126,11 +132,11 @@ def test_the_qos_header_is_validated_also_when_a_session_overrides_it():
         prepare({"messages": ASK}, headers={"x-superfluid-qos": "urgent"}, qos="background")
 
 
-def test_prompt_length_for_session_windows_validates_the_body():
+def test_prompt_length_for_session_windows():
     preparer = Preparer(FakeDaemon(), CONFIG)
-    assert preparer.chat_prompt_length({"messages": ASK}) == len(preparer.chat_prompt({"messages": ASK})[1])
-    with pytest.raises(InvalidRequest):
-        preparer.chat_prompt_length({"messages": ASK, "tools": "nope"})
+    short, tools = parse(ChatCompletionRequest, {"messages": ASK}), parse(ChatCompletionRequest, {"messages": ASK, "tools": [TOOL]})
+    assert preparer.chat_prompt_length(short) == len(preparer.chat_prompt(short)[1])
+    assert preparer.chat_prompt_length(tools) > preparer.chat_prompt_length(short)  # the tools are in the prompt
 
 
 # ---- the rest of the OpenAI fields ----------------------------------------------------------
@@ -144,7 +150,7 @@ def full(body, kind="chat", **caps):
         setattr(engine.capabilities, name, caps.get(name, True))
     engine.capabilities.generates = caps.get("generates", True)
     engine.token_bytes = lambda t: b"<%d>" % t
-    return Preparer(daemon, CONFIG).prepare(FakeHttp(), body, kind, arrived=1.0,
+    return Preparer(daemon, CONFIG).prepare(FakeHttp(), parse(KINDS[kind], body), arrived=1.0,
                                             make_sink=lambda stream, lanes: FakeBridge(lanes))
 
 

@@ -13,7 +13,10 @@ import pytest
 from superfluid.core.errors import QueueFull
 from superfluid.core.lane import LaneEvent
 from superfluid.plugins.http.keys.limits import KeyLimits, TooManyConcurrent
+from superfluid.plugins.http.manage.protocol import SessionTurnRequest
+from superfluid.plugins.http.openai.protocol import CompletionRequest
 from superfluid.plugins.http.openai.routes import OpenAIRoutes, _admit
+from superfluid.plugins.http.typed import parse
 
 from .test_http_prepare import CONFIG, FakeDaemon
 
@@ -59,7 +62,7 @@ def test_three_choices_are_three_lanes_answered_in_one_reply():
     sched = Scheduler()
 
     async def main():
-        return await routes(sched)._generate(Http(), "completion", body=BODY)
+        return await routes(sched)._generate(Http(), parse(CompletionRequest, BODY), 1.0)
 
     resp = asyncio.run(main())
     got = json.loads(resp.body)
@@ -73,7 +76,7 @@ def test_a_client_that_leaves_cancels_every_choice():
     sched = Scheduler(answer=False)
 
     async def main():
-        task = asyncio.create_task(routes(sched)._generate(Http(), "completion", body=BODY))
+        task = asyncio.create_task(routes(sched)._generate(Http(), parse(CompletionRequest, BODY), 1.0))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -87,7 +90,7 @@ def test_a_refused_choice_cancels_those_already_queued():
     sched = Scheduler(answer=False, refuse=2)
 
     async def main():
-        await routes(sched)._generate(Http(), "completion", body=BODY)
+        await routes(sched)._generate(Http(), parse(CompletionRequest, BODY), 1.0)
 
     with pytest.raises(QueueFull):
         asyncio.run(main())
@@ -96,8 +99,8 @@ def test_a_refused_choice_cancels_those_already_queued():
 
 def test_a_sessions_turn_has_one_choice():
     async def main():
-        await routes(Scheduler()).generate_chat(Http(), {"messages": [{"role": "user", "content": "x"}], "n": 2},
-                                                qos="agent", on_finish=lambda *a: None)
+        turn = parse(SessionTurnRequest, {"messages": [{"role": "user", "content": "x"}], "n": 2})
+        await routes(Scheduler()).generate_chat(Http(), turn, "m", qos="agent", on_finish=lambda *a: None)
 
     with pytest.raises(Exception) as info:
         asyncio.run(main())

@@ -19,6 +19,8 @@ from superfluid.core.plugins import make_plugin_manager
 from superfluid.plugins.http.body import read_body
 from superfluid.plugins.http.errors import json_errors
 from superfluid.plugins.http.prepare import params
+from superfluid.plugins.http.openai.protocol import CompletionRequest
+from superfluid.plugins.http.typed import parse
 from superfluid.plugins.http.input_limits import LIMITS, Limits, guard
 
 from .fakes import WAIT, FakeEngine, submit
@@ -135,9 +137,11 @@ def test_no_limits_without_an_application():
 
 
 def test_stop_strings_hard_cap():
-    assert len(params.stop_strings({"stop": ["a"] * 64})) == 64
+    def stops(n):
+        return params.stop_strings(parse(CompletionRequest, {"prompt": "x", "stop": ["a"] * n}))
+    assert len(stops(64)) == 64
     with pytest.raises(InvalidRequest):
-        params.stop_strings({"stop": ["a"] * 65})
+        stops(65)
 
 
 # ---- the connection guard: an in-process server with short limits -------------------------------------

@@ -1,4 +1,4 @@
-"""plugins/http/prepare/tool_format.py and tool_validate.py: a forced call's rest described as JSON Schemas
+"""plugins/http/prepare/tool_format.py and tool_plan.py: a forced call's rest described as JSON Schemas
 between literal text (the engine-neutral form the llama.cpp plugin turns into its grammar)."""
 
 from __future__ import annotations
@@ -7,11 +7,19 @@ import json
 
 from superfluid.core.request import JsonChoice, JsonConstraint, SamplingParams
 from superfluid.plugins.http.prepare.tool_format import ANY_OBJECT, CLOSE, ToolPlan, call_text, forced_rest
-from superfluid.plugins.http.prepare.tool_validate import plan
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
+from superfluid.plugins.http.prepare import tool_plan
+from superfluid.plugins.http.typed import parse
 
 ARGS = {"type": "object", "properties": {"q": {"type": "string"}}}
 SEARCH = {"type": "function", "function": {"name": "search", "parameters": ARGS}}
 NOW = {"type": "function", "function": {"name": "now"}}
+
+
+def plan(fields: dict, grammars: bool = False) -> ToolPlan:
+    """The tool plan of a chat request holding ``fields``."""
+    req = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **fields})
+    return tool_plan.plan(req, grammars=grammars)
 
 
 def test_one_tool_leads_with_a_space_several_with_their_names():

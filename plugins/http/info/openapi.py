@@ -12,7 +12,7 @@ from superfluid.core import qos as qos_classes
 
 from .openapi_requests import request_schemas
 from .openapi_responses import CONTENT_REPLY, MODEL_STATE, SSE_EVENT, response_schemas
-from .openapi_schema import BOOL, json_body, number, obj, ref, string
+from .openapi_schema import BOOL, json_body, obj, ref, string
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -143,7 +143,7 @@ def _paths() -> dict:
             op_id="sessionTurn")},
         "/v1/sessions/{sid}/qos": {"post": _op(
             "change a session's QoS class", session, errors=_SESSION_ERRORS,
-            body=obj({"qos": string(enum=sorted(qos_classes.ALIASES))}, required=("qos",), closed=True),
+            body=ref("SessionQosRequest"),
             parameters=[_SID], op_id="setSessionQos")},
         "/v1/sessions/{sid}/park": {"post": _op(
             "park a session: its KV to disk (with --state-dir and --park)", session, errors=(409,),
@@ -153,11 +153,11 @@ def _paths() -> dict:
             "the states"), op_id="adminModels")},
         "/admin/models/{name}/unload": {"post": _op(
             "unload a model: drain, then free its engine", json_body(ref("ModelState"), "unloaded"),
-            errors=_BODY, body=obj({"drain_timeout_s": number(0, 3600)}, closed=True), body_required=False,
+            errors=_BODY, body=ref("UnloadRequest"), body_required=False,
             parameters=[_NAME], op_id="unloadModel")},
         "/admin/models/{name}/load": {"post": _op(
             "load a model unloaded earlier", json_body(ref("ModelState"), "serving"),
-            errors=_BODY, body=obj({}, closed=True), body_required=False, parameters=[_NAME],
+            errors=_BODY, body=ref("LoadRequest"), body_required=False, parameters=[_NAME],
             op_id="loadModel")},
     }
 
@@ -177,10 +177,18 @@ def _document() -> dict:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "a key of the --key-policy file"},
                                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
-            "schemas": {**request_schemas(), **response_schemas()},
+            "schemas": _schemas(),
             "responses": {f"E{status}": json_body(ref("Error"), text) for status, text in _ERRORS.items()},
         },
     }
+
+
+def _schemas() -> dict:
+    requests, responses = request_schemas(), response_schemas()
+    shared = sorted(name for name in set(requests) & set(responses) if requests[name] != responses[name])
+    if shared:  # a request's object and a reply's may not share a name
+        raise AssertionError(f"openapi: request and response schemas both named {shared}")
+    return {**requests, **responses}
 
 
 def document() -> dict:

@@ -3,7 +3,7 @@ server-sent events), and the error object every route may answer."""
 
 from __future__ import annotations
 
-from .openapi_requests import TOOL_CALL
+
 from .openapi_schema import BOOL, integer, nullable, obj, ref, string
 
 _USAGE = obj({"prompt_tokens": integer(0), "completion_tokens": integer(0), "total_tokens": integer(0),
@@ -23,7 +23,7 @@ def _completion_envelope(name: str, choice: dict) -> dict:
 
 
 _ASSISTANT = obj({"role": string(enum=["assistant"]), "content": nullable(string()),
-                  "tool_calls": {"type": "array", "items": TOOL_CALL}}, required=("role",))
+                  "tool_calls": {"type": "array", "items": ref("ToolCall")}}, required=("role",))
 _CHAT_COMPLETION = _completion_envelope("chat.completion", obj(
     {"index": integer(0), "message": _ASSISTANT, "logprobs": nullable({}), "finish_reason": _FINISH},
     required=("index", "message", "finish_reason")))

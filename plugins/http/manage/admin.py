@@ -11,13 +11,10 @@ import logging
 
 from aiohttp import web
 
-from superfluid.core.errors import InvalidRequest
-
-from ..body import check_fields, read_body
+from ..body import read_optional
+from .protocol import LoadRequest, UnloadRequest
 
 log = logging.getLogger("superfluid.http")
-
-DEFAULT_DRAIN_S = 30.0
 
 
 class AdminRoutes:
@@ -34,25 +31,12 @@ class AdminRoutes:
 
     async def unload(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        body = await _optional_body(request, {"drain_timeout_s"})
-        drain = body.get("drain_timeout_s", DEFAULT_DRAIN_S)
-        if isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain <= 3600:
-            raise InvalidRequest("drain_timeout_s must be a number of seconds between 0 and 3600",
-                                 param="drain_timeout_s", code="invalid_value")
-        await asyncio.get_running_loop().run_in_executor(None, self.daemon.unload, name, float(drain))
+        req = await read_optional(request, UnloadRequest)
+        await asyncio.get_running_loop().run_in_executor(None, self.daemon.unload, name, req.drain_timeout_s)
         return web.json_response({"model": name, "state": self.daemon.model_states().get(name, "unloaded")})
 
     async def load(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        await _optional_body(request, set())
+        await read_optional(request, LoadRequest)
         await asyncio.get_running_loop().run_in_executor(None, self.daemon.reload, name)
         return web.json_response({"model": name, "state": self.daemon.model_states().get(name)})
-
-
-async def _optional_body(request: web.Request, allowed: set[str]) -> dict:
-    if not request.can_read_body:
-        return {}
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    return check_fields(await read_body(request), allowed)

@@ -11,17 +11,14 @@ import logging
 
 from aiohttp import web
 
-from superfluid.core import qos as qos_classes
-from superfluid.core.errors import InvalidRequest
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.sessions import SessionConflict, SessionNotFound
 
-from ..body import check_fields, read_body
+from ..body import read_as
 from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
-from ..prepare import params
+from ..openai.chat_protocol import ChatMessage
 from ..prepare.qos_class import request_class
-
-CREATE_FIELDS = {"model", "qos", "system", "pin_system"}
-TURN_FIELDS = params.CHAT_FIELDS - {"model"}
+from .protocol import SessionCreateRequest, SessionQosRequest, SessionTurnRequest
 WINDOW_FILL = 0.5  # after a cut the kept history fills at most this share of the context, so cuts
                    # (each re-prefills what is kept once) are rare
 
@@ -45,22 +42,16 @@ class SessionRoutes:
         app.router.add_post("/v1/sessions/{sid}/park", self.park)
 
     async def create(self, request: web.Request) -> web.Response:
-        body = check_fields(await read_body(request), CREATE_FIELDS)
-        runtime = self.daemon.get(params.model_name(body))
+        req = await read_as(request, SessionCreateRequest)
+        runtime = self.daemon.get(req.model)
         check_model(request, runtime.name)
-        if "qos" in body:
-            if not isinstance(body["qos"], str):
-                raise InvalidRequest("qos must be a string", param="qos", code="invalid_type")
-            cls = applied_class(request, self.config, asked=qos_classes.resolve(body["qos"], param="qos"))
+        if req.qos is not None:
+            cls = applied_class(request, self.config, asked=req.qos)
         else:
             cls = request_class(request, self.config)
         note_class(request, cls)
-        system = params.text(body, "system") or None
-        pin = params.boolean(body, "pin_system")
-        if pin and not system:
-            raise InvalidRequest("pin_system needs a system prompt", param="pin_system", code="invalid_value")
         key = request_key(request)  # the session belongs to the key that opened it
-        session = self.store.create(runtime.name, cls, system, pin_system=pin,
+        session = self.store.create(runtime.name, cls, req.system or None, pin_system=req.pin_system,
                                     owner=key.name if key is not None else None)
         self._pin(session, runtime)
         return web.json_response(session.view(), status=201)
@@ -95,10 +86,8 @@ class SessionRoutes:
 
     async def set_qos(self, request: web.Request) -> web.Response:
         session = self._usable(request, request.match_info["sid"])
-        body = check_fields(await read_body(request), {"qos"})
-        if not isinstance(body.get("qos"), str):
-            raise InvalidRequest("qos is required (a class name)", param="qos", code="invalid_type")
-        cls = applied_class(request, self.config, asked=qos_classes.resolve(body["qos"], param="qos"))
+        req = await read_as(request, SessionQosRequest)
+        cls = applied_class(request, self.config, asked=req.qos)
         self.store.set_qos(session, note_class(request, cls))
         return web.json_response(session.view())
 
@@ -110,8 +99,7 @@ class SessionRoutes:
 
     async def turn(self, request: web.Request) -> web.StreamResponse:
         session = self._usable(request, request.match_info["sid"], idle=True)
-        body = check_fields(await read_body(request), TURN_FIELDS)
-        params.chat_messages(body)  # validates the new messages (400s name the field)
+        turn = await read_as(request, SessionTurnRequest)
         runtime = self.daemon.get(session.model)
         self._pin(session, runtime)
         if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
@@ -119,39 +107,38 @@ class SessionRoutes:
             if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
                 session.artifact_adopted_by = runtime.loop
         self.store.resumed(session)
-        await self._fit(session, runtime, body)
-        full = {**body, "model": session.model, "messages": session.history() + body["messages"]}
+        await self._fit(session, runtime, turn)
+        full = with_history(turn, session.history())
 
         def record(text: str, event, prompt_tokens: list[int], parsed) -> None:
             reply = {"role": "assistant", "content": text}
             if parsed is not None and parsed.calls:  # the same call ids the client was given
                 reply = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
-            self.store.record_turn(session, list(body["messages"]), reply, prompt_tokens)
+            self.store.record_turn(session, stored(turn.messages), reply, prompt_tokens)
 
         session.busy = True
         try:
-            return await self.openai.generate_chat(request, full, qos=session.qos, on_finish=record)
+            return await self.openai.generate_chat(request, full, session.model, qos=session.qos, on_finish=record)
         finally:
             session.busy = False
 
-    async def _fit(self, session, runtime, body: dict) -> None:
+    async def _fit(self, session, runtime, turn: SessionTurnRequest) -> None:
         """--session-overflow truncate: when the history and this turn's new messages leave no room
         for the reply (``max_tokens``, else an eighth of the context), leave the oldest messages
         out of the prompt (the system prompt and the first user message stay) until the prompt
         fills at most half the context. If nothing fits, the turn fails as a chat would (400)."""
-        if self.config["session-overflow"] != "truncate" or not session.messages:
+        if CORE_OPTIONS.of(self.config).session_overflow != "truncate" or not session.messages:
             return
         ctx = runtime.loop.settings.context_length
-        asked = body.get("max_completion_tokens", body.get("max_tokens"))
-        reserve = asked if isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < ctx else ctx // 8
+        asked = turn.max_completion_tokens if turn.max_completion_tokens is not None else turn.max_tokens
+        reserve = asked if asked is not None and asked < ctx else ctx // 8
         loop = asyncio.get_running_loop()
         lengths: dict[int | None, int] = {}  # by window start: each is rendered and tokenized once
 
         def length(start: int | None) -> int:
             if start not in lengths:
-                messages = session.history(start) + body["messages"]
                 lengths[start] = self.openai.preparer.chat_prompt_length(
-                    {**body, "model": session.model, "messages": messages})
+                    with_history(turn, session.history(start)), session.model)
             return lengths[start]
 
         before = await loop.run_in_executor(None, length, None)
@@ -192,3 +179,15 @@ class SessionRoutes:
             raise SessionConflict(f"a turn is already running on session {sid}; wait for it to finish",
                                   param="session_id", code="session_busy")
         return session
+
+
+def stored(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as a session keeps them (and shows them): what the client sent of the fields
+    the server reads."""
+    return [m.model_dump(exclude_unset=True, by_alias=True) for m in messages]
+
+
+def with_history(turn: SessionTurnRequest, history: list[dict]) -> SessionTurnRequest:
+    """The turn with the kept history before its new messages (each kept message was checked
+    when its turn was sent)."""
+    return turn.model_copy(update={"messages": [ChatMessage.model_validate(m) for m in history] + turn.messages})

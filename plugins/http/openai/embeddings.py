@@ -22,55 +22,15 @@ from superfluid.core.errors import ContextLengthExceeded, EngineFailure, Invalid
 from superfluid.core.request import Request
 
 from ..access_log import log_generation
-from ..body import check_fields, read_body
+from ..body import read_as
 from ..bridge import EventBridge
 from ..keys.auth import check_model, door_time, note_class, request_key
 from ..keys.limits import HEADERS
-from ..prepare import params
 from ..prepare.qos_class import request_class
-
-FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "superfluid"}
-MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
-FORMATS = ("float", "base64")
+from .protocol import EmbeddingRequest
 
 
 # ---- the body -------------------------------------------------------------------------------
-
-
-def _is_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def raw_inputs(body: dict) -> list[str | list[int]]:
-    """``input`` as a list of strings or token-id lists (not yet tokenized): a string, a list of
-    strings, a list of token ids (one input) or a list of token-id lists; nothing empty."""
-    value = body.get("input")
-    if value is None:
-        raise InvalidRequest("input is required", param="input", code="missing_required_parameter")
-    if isinstance(value, str):
-        value = [value]
-    elif isinstance(value, list) and value and all(_is_id(t) for t in value):
-        value = [value]  # one input given as token ids
-    if not isinstance(value, list):
-        raise InvalidRequest("input must be a string, a list of strings, a list of token ids or a list "
-                             "of token-id lists", param="input", code="invalid_type")
-    if not value:
-        raise InvalidRequest("input must not be empty", param="input", code="invalid_value")
-    if len(value) > MAX_INPUTS:
-        raise InvalidRequest(f"input may hold at most {MAX_INPUTS} entries, got {len(value)}",
-                             param="input", code="array_above_max_length")
-    strings = isinstance(value[0], str)
-    for i, item in enumerate(value):
-        if strings and isinstance(item, str):
-            if not item:
-                raise InvalidRequest(f"input[{i}] is an empty string", param="input", code="invalid_value")
-        elif not strings and isinstance(item, list) and all(_is_id(t) for t in item):
-            if not item:
-                raise InvalidRequest(f"input[{i}] is an empty list", param="input", code="invalid_value")
-        else:
-            raise InvalidRequest("input must be a string, a list of strings, a list of token ids or a "
-                                 "list of token-id lists (not a mix)", param="input", code="invalid_type")
-    return value
 
 
 def tokens_of(runtime, inputs: list[str | list[int]]) -> list[list[int]]:
@@ -100,23 +60,12 @@ def check_context(prompts: list[list[int]], ctx: int) -> None:
                                         f"but the input has {len(tokens)} tokens.", param="input")
 
 
-def encoding_format(body: dict) -> str:
-    value = body.get("encoding_format")
-    if value is None:
-        return "float"
-    if value not in FORMATS:
-        raise InvalidRequest(f"encoding_format must be float or base64, got {value!r}",
-                             param="encoding_format", code="invalid_value")
-    return value
-
-
-def check_dimensions(body: dict, width: int, model: str) -> None:
+def check_dimensions(req, width: int, model: str) -> None:
     """``dimensions`` may only restate the model's width: its embeddings are not truncatable
     (no Matryoshka training assumed), so any other value is refused rather than faked."""
-    value = params.integer(body, "dimensions", None, 1)
-    if value is not None and value != width:
+    if req.dimensions is not None and req.dimensions != width:
         raise InvalidRequest(f"model {model!r} gives embeddings of {width} dimensions; dimensions must "
-                             f"be {width} or absent, got {value}", param="dimensions", code="invalid_value")
+                             f"be {width} or absent, got {req.dimensions}", param="dimensions", code="invalid_value")
 
 
 def encode(vector: tuple[float, ...], fmt: str):
@@ -145,18 +94,15 @@ class EmbeddingRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
-        body = check_fields(await read_body(request), FIELDS)
-        runtime = self.daemon.get(params.model_name(body))
+        req = await read_as(request, EmbeddingRequest)
+        runtime = self.daemon.get(req.model)
         check_model(request, runtime.name)
-        if not getattr(runtime.engine.capabilities, "embeddings", False):
-            raise InvalidRequest(f"model {runtime.name!r} does not compute embeddings", param="model",
-                                 code="embeddings_not_supported")  # as ModelLoop.submit says it
-        params.text(body, "user")  # accepted (a string) and ignored
-        fmt = encoding_format(body)
-        check_dimensions(body, runtime.engine.info.n_embd, runtime.name)
-        prompts = tokens_of(runtime, raw_inputs(body))
+        runtime.loop.check_serves(embed=True)  # before tokenizing inputs it would not embed
+        fmt = req.encoding_format
+        check_dimensions(req, runtime.engine.info.n_embd, runtime.name)
+        prompts = tokens_of(runtime, req.inputs)
         check_context(prompts, runtime.loop.settings.context_length)
-        cls = note_class(request, request_class(request, self.config, body))
+        cls = note_class(request, request_class(request, self.config, req.superfluid))
         key = request_key(request)
         if key is not None:
             request[HEADERS] = (self.key_limits, key)

@@ -17,13 +17,15 @@ from superfluid.core.errors import InvalidRequest
 
 from ..access_log import log_generation
 from ..bridge import EventBridge
-from ..body import read_body
+from ..body import read_as
 from ..info.metrics import METRICS
 from ..keys.auth import door_time, request_key
 from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
+from .chat_protocol import ChatCompletionRequest
 from .choices import Choice
+from .protocol import CompletionRequest, InfillRequest
 from .replies import DONE, Shape, error_body, error_reply, sse, status_of
 
 
@@ -41,34 +43,37 @@ class OpenAIRoutes:
         app.router.add_post("/infill", self.infill)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+        arrived = time.monotonic()
+        return await self._generate(request, await read_as(request, ChatCompletionRequest), arrived)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completion")
+        arrived = time.monotonic()
+        return await self._generate(request, await read_as(request, CompletionRequest), arrived)
 
     async def infill(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "infill")
+        arrived = time.monotonic()
+        return await self._generate(request, await read_as(request, InfillRequest), arrived)
 
-    async def generate_chat(self, request: web.Request, body: dict, qos: str, on_finish) -> web.StreamResponse:
-        """A chat completion for another route (a session's turn): ``body`` instead of the
-        request's JSON, a fixed QoS class, and ``on_finish(text, event, prompt_tokens, parsed)``
-        (``parsed``: the reply split into content and tool calls, when tools were offered)."""
-        return await self._generate(request, "chat", body=body, qos=qos, on_finish=on_finish)
+    async def generate_chat(self, request: web.Request, req, model: str, qos: str,
+                            on_finish) -> web.StreamResponse:
+        """A chat completion for another route (a session's turn): its typed chat ``req``
+        (:class:`~.chat_protocol.ChatFields`) for ``model``, a fixed QoS class, and
+        ``on_finish(text, event, prompt_tokens, parsed)`` (``parsed``: the reply split into
+        content and tool calls, when tools were offered)."""
+        return await self._generate(request, req, time.monotonic(), model=model, qos=qos, on_finish=on_finish)
 
     def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
         """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop
         as they come, a whole one's wait for their lane's end."""
         return EventBridge(asyncio.get_running_loop(), hold_deltas=not stream, catchup=self.catchup, lanes=lanes)
 
-    async def _generate(self, request: web.Request, kind: str, body: dict | None = None,
+    async def _generate(self, request: web.Request, req, arrived: float, model: str | None = None,
                         qos: str | None = None, on_finish=None) -> web.StreamResponse:
-        """Run one generation (``n`` lanes for n choices). ``body`` (default: the request's JSON)
-        and ``qos`` (default: from the headers) let other routes (sessions) reuse this;
-        ``on_finish`` hears the complete reply before the response ends (see :meth:`generate_chat`)."""
-        arrived = time.monotonic()
-        if body is None:
-            body = await read_body(request)
-        prep = self.preparer.prepare(request, body, kind, arrived=arrived, make_sink=self._sink, qos=qos)
+        """Run one generation (``n`` lanes for n choices) of a typed request. ``model`` and
+        ``qos`` (default: the request's and the headers') let other routes (sessions) reuse
+        this; ``on_finish`` hears the complete reply before the response ends (see
+        :meth:`generate_chat`)."""
+        prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model)
         if on_finish is not None and len(prep.requests) > 1:
             raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")
         reqs, scheduler = prep.requests, prep.runtime.loop
@@ -78,7 +83,7 @@ class OpenAIRoutes:
         # per choice a lane slot and a request of the key's budgets, the prompt's tokens once; or a 429
         with door_time():
             tickets = _admit(self.key_limits, key, len(reqs[0].prompt_tokens), len(reqs))
-        answer = _Answer(prep, Shape(kind, prep.runtime.name), on_finish)
+        answer = _Answer(prep, Shape(prep.kind, prep.runtime.name), on_finish)
         try:
             _submit(scheduler, reqs, tickets)  # a prompt longer than the context is refused here (a 400)
             try:

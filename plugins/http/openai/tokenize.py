@@ -10,12 +10,9 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
 
-from ..body import check_fields, read_body
+from ..body import read_as
 from ..keys.auth import check_model
-from ..prepare import params
-
-TOKENIZE_FIELDS = {"content", "add_special", "parse_special", "with_pieces", "model"}
-DETOKENIZE_FIELDS = {"tokens", "model"}
+from .protocol import DetokenizeRequest, TokenizeRequest
 
 
 def piece(data: bytes) -> str | list[int]:
@@ -27,18 +24,13 @@ def piece(data: bytes) -> str | list[int]:
         return list(data)
 
 
-def token_ids(body: dict, n_vocab: int) -> list[int]:
-    """``tokens``: a list of ids in the vocabulary (an empty list is allowed: "")."""
-    value = body.get("tokens")
-    if value is None:
-        raise InvalidRequest("tokens is required", param="tokens", code="missing_required_parameter")
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise InvalidRequest("tokens must be a list of token ids", param="tokens", code="invalid_type")
-    bad = [t for t in value if not 0 <= t < n_vocab]
+def token_ids(req, n_vocab: int) -> list[int]:
+    """``tokens``: ids in the vocabulary (an empty list is allowed: "")."""
+    bad = [t for t in req.tokens if t >= n_vocab]
     if bad:
         raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
                              param="tokens", code="invalid_value")
-    return value
+    return req.tokens
 
 
 class TokenizeRoutes:
@@ -49,29 +41,23 @@ class TokenizeRoutes:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
 
-    async def _runtime(self, request: web.Request, fields: set[str]):
-        body = check_fields(await read_body(request), fields)
-        runtime = self.daemon.get(params.model_name(body))
+    async def _read(self, request: web.Request, cls):
+        req = await read_as(request, cls)
+        runtime = self.daemon.get(req.model)
         check_model(request, runtime.name)
-        return body, runtime
+        return req, runtime
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body, runtime = await self._runtime(request, TOKENIZE_FIELDS)
-        if body.get("content") is None:
-            raise InvalidRequest("content is required", param="content", code="missing_required_parameter")
-        content = params.text(body, "content")
-        add_special = params.boolean(body, "add_special", False)
-        parse_special = params.boolean(body, "parse_special", True)
-        with_pieces = params.boolean(body, "with_pieces", False)
+        req, runtime = await self._read(request, TokenizeRequest)
         engine = runtime.engine
-        tokens = engine.tokenize(content, add_special=add_special, parse_special=parse_special)
-        if with_pieces:
+        tokens = engine.tokenize(req.content, add_special=req.add_special, parse_special=req.parse_special)
+        if req.with_pieces:
             return web.json_response({"tokens": [{"id": t, "piece": piece(engine.token_bytes(t))} for t in tokens]})
         return web.json_response({"tokens": tokens})
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        body, runtime = await self._runtime(request, DETOKENIZE_FIELDS)
+        req, runtime = await self._read(request, DetokenizeRequest)
         engine = runtime.engine
-        ids = token_ids(body, engine.info.n_vocab)
+        ids = token_ids(req, engine.info.n_vocab)
         text = b"".join(engine.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
         return web.json_response({"content": text})

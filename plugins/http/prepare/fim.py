@@ -9,6 +9,7 @@ from superfluid.core.errors import InvalidRequest
 
 from ..keys.auth import request_key
 from ..keys.rate_limit import ClientBuckets, RateLimited, parse_rate
+from ..options import OPTIONS
 
 FIM_CLASS = "completion"
 
@@ -33,12 +34,12 @@ class FimPolicy:
     """Where FIM requests run and whether a client may send one now."""
 
     def __init__(self, config):
-        self.config = config
-        self.buckets = ClientBuckets(parse_rate(config["completion-rate"]), config["completion-burst"])
-        self.deadline_s = config["completion-deadline-ms"] / 1000.0
+        self.options = opts = OPTIONS.of(config)
+        self.buckets = ClientBuckets(parse_rate(opts.completion_rate), opts.completion_burst)
+        self.deadline_s = opts.completion_deadline_ms / 1000.0
 
     def runtime(self, daemon, model: str | None):
-        if self.config.get("fim-model"):
+        if self.options.fim_model:
             return daemon.get(FIM_MODEL_NAME)
         return daemon.get(model)
 
@@ -52,8 +53,8 @@ class FimPolicy:
         wait = self.buckets.take(client)
         if wait > 0:
             raise RateLimited(f"too many completion requests from this client (--completion-rate "
-                              f"{self.config['completion-rate']}, --completion-burst "
-                              f"{self.config['completion-burst']}); retry in {wait:.2f} s",
+                              f"{self.options.completion_rate}, --completion-burst "
+                              f"{self.options.completion_burst}); retry in {wait:.2f} s",
                               headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
     def deadline(self, arrived: float) -> float | None:

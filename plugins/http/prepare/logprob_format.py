@@ -16,30 +16,18 @@ from __future__ import annotations
 import codecs
 import math
 
-from superfluid.core.errors import InvalidRequest
-
-from . import params
-
-CHAT_TOP_MAX = 20       # OpenAI's top_logprobs limit
-COMPLETION_TOP_MAX = 5  # OpenAI's legacy completions logprobs limit
 FLOOR = -9999.0         # what OpenAI answers for a probability too small for a float (JSON has no -inf)
 
 
-def chat_request(body: dict) -> int | None:
-    """The top count a chat asks for (0: the chosen token's only), None without ``logprobs``."""
-    on = params.boolean(body, "logprobs")
-    top = params.integer(body, "top_logprobs", None, 0, CHAT_TOP_MAX)
-    if top is not None and not on:
-        raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs",
-                             code="invalid_value")
-    return (top or 0) if on else None
+def chat_request(req) -> int | None:
+    """The top count a chat asks for (0: the chosen token's only), None without ``logprobs``
+    (``top_logprobs`` without it was refused when the request was parsed)."""
+    return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def completion_request(body: dict) -> int | None:
-    """A completion's ``logprobs`` (0..5 top candidates), None when absent (false too)."""
-    if body.get("logprobs") is None or body.get("logprobs") is False:
-        return None
-    return params.integer(body, "logprobs", None, 0, COMPLETION_TOP_MAX)
+def completion_request(req) -> int | None:
+    """A completion's ``logprobs`` (0..5 top candidates), None when absent or false."""
+    return None if req.logprobs is None or req.logprobs is False else req.logprobs
 
 
 def _value(logprob: float) -> float:

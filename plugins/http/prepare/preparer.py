@@ -1,10 +1,13 @@
-"""One generation request, validated once: the body and headers become a frozen :class:`Prepared`
+"""One generation request, prepared once: a typed request (parsed at its route, so its fields
+already have their types and ranges) and the HTTP headers become a frozen :class:`Prepared`
 (model runtime, core Request, tool plan, stream flags) that the routes then only read.
 
-Everything a client can get wrong is found here, as a 400 naming the field, before anything
-reaches a model, but what the model's loop checks on submit for every front end (the prompt
-against the context length, a generation from an embedding-only model, a schema llguidance
-cannot enforce): this module does not repeat those."""
+What needs the served model is checked here, as a 400 naming the field, before anything reaches
+it (token ids against the vocabulary, max_tokens against the context, features the engine
+lacks); what the model's loop checks on submit for every front end (the prompt against the
+context length, a generation from an embedding-only model, a schema llguidance cannot
+enforce) is not repeated. Other front ends (sessions now; Messages, Responses, Ollama) map their
+requests onto these typed requests and reuse this path."""
 
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.request import Request, new_request_id
 
-from ..body import check_fields
 from ..keys.auth import applied_class, check_model, note_class, request_key
-from . import logprob_format, params, response_format, tool_validate
+from ..openai.chat_protocol import ChatFields
+from ..openai.protocol import CompletionRequest, InfillRequest
+from . import logprob_format, params, response_format, tool_plan
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .qos_class import batch_invariant, request_class
 from .tool_format import ToolPlan
@@ -53,15 +57,19 @@ class Prepared:
         return self.requests[0].sink
 
 
-def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0, echo: bool = False) -> int:
-    """OpenAI's defaults: the rest of the context for chat, 16 for completions; too many is a 400.
-    A prompt that alone fills the context is the scheduler's to refuse (its error names the
-    prompt, not this field), so it gets 1 here. ``cap`` (a key's ``max-tokens``, 0: none): asking
-    for more is a 400 naming the field (a client told it was clamped could not tell a short reply
-    from a cut one); the default is clamped to it. ``echo`` (a completion's): 0 is allowed, to
-    score the prompt only (what lm-evaluation-harness sends)."""
-    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    value = params.integer(body, key, None, 0 if echo else 1)
+def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int, cap: int = 0,
+               echo: bool = False) -> int:
+    """The reply's limit from the field ``key`` (``asked``: its value, None: absent). OpenAI's
+    defaults: the rest of the context for chat, 16 for completions; too many is a 400. A prompt
+    that alone fills the context is the scheduler's to refuse (its error names the prompt, not
+    this field), so it gets 1 here. ``cap`` (a key's ``max-tokens``, 0: none): asking for more is
+    a 400 naming the field (a client told it was clamped could not tell a short reply from a cut
+    one); the default is clamped to it. ``echo`` (a completion's): 0 is allowed, to score the
+    prompt only (what lm-evaluation-harness sends)."""
+    value = asked
+    if value is not None and value < 1 and not echo:
+        raise InvalidRequest(f"{key} must be at least 1, got {value} (0 only with echo)", param=key,
+                             code="invalid_value")
     if value == 0:
         return 0
     if cap and value is not None and value > cap:
@@ -80,6 +88,21 @@ def max_tokens(body: dict, chat: bool, n_prompt: int, ctx: int, cap: int = 0, ec
             f"Please reduce the prompt or the completion length.", param=key)
     return min(value, ctx - n_prompt)
 
+
+def limit_field(req) -> tuple[int | None, str]:
+    """(the asked limit, the field that asked it) of a typed generation request."""
+    if isinstance(req, InfillRequest):
+        return req.limit, "max_tokens" if req.max_tokens is not None or req.n_predict is None else "n_predict"
+    if isinstance(req, ChatFields) and req.max_completion_tokens is not None:
+        return req.max_completion_tokens, "max_completion_tokens"
+    return req.max_tokens, "max_tokens"
+
+
+def kind_of(req) -> str:
+    """"chat" | "completion" | "infill": the kind of generation a typed request is."""
+    if isinstance(req, ChatFields):
+        return "chat"
+    return "infill" if isinstance(req, InfillRequest) else "completion"
 
 
 def _chat_tokens(runtime, text: str) -> list[int]:
@@ -107,96 +130,89 @@ class Preparer:
         return _chat_tokens(runtime, render_chat(info.chat_template, messages, bos_token=info.bos_token,
                                                  eos_token=info.eos_token, add_generation_prompt=False))
 
-    def chat_prompt(self, body: dict) -> tuple[object, list[int], ToolPlan]:
-        """(runtime, prompt tokens, tool plan) of a chat body: tools and messages validated."""
-        runtime = self.daemon.get(params.model_name(body))
+    def chat_prompt(self, req, model: str | None = None) -> tuple[object, list[int], ToolPlan]:
+        """(runtime, prompt tokens, tool plan) of a chat request (:class:`ChatFields`); ``model``
+        stands in for a request without one (a session's turn)."""
+        runtime = self.daemon.get(getattr(req, "model", None) or model)
         info = runtime.engine.info
-        tools = tool_validate.plan(body, grammars=getattr(runtime.engine.capabilities, "grammars", False))
-        messages = tool_validate.check_messages(params.chat_messages(body))
+        tools = tool_plan.plan(req, grammars=getattr(runtime.engine.capabilities, "grammars", False))
+        messages = [m.for_template() for m in req.messages]
         text = render_prompt(info.chat_template, messages, tools, bos_token=info.bos_token,
                              eos_token=info.eos_token, add_generation_prompt=True)
         return runtime, _chat_tokens(runtime, text), tools
 
-    def chat_prompt_length(self, body: dict) -> int:
-        """How many tokens a chat body's prompt renders to (tools included); validates it."""
-        return len(self.chat_prompt(body)[1])
+    def chat_prompt_length(self, req, model: str | None = None) -> int:
+        """How many tokens a chat request's prompt renders to (tools included)."""
+        return len(self.chat_prompt(req, model)[1])
 
-    def _completion_prompt(self, body: dict) -> tuple[object, list[int]]:
-        runtime = self.daemon.get(params.model_name(body))
+    def _completion_prompt(self, req: CompletionRequest) -> tuple[object, list[int]]:
+        runtime = self.daemon.get(req.model)
         engine, info = runtime.engine, runtime.engine.info
-        tokens = params.completion_prompt(body, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
+        tokens = params.completion_prompt(req.prompt, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
         bad = [t for t in tokens if not 0 <= t < info.n_vocab]
         if bad:
             raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{info.n_vocab - 1})",
                                  param="prompt", code="invalid_value")
         return runtime, tokens
 
-    def _fim_prompt(self, request, body: dict, kind: str) -> tuple[object, list[int]]:
-        runtime = self.fim.runtime(self.daemon, params.model_name(body))
-        if kind == "infill":
-            prefix, suffix, middle = (params.text(body, "input_prefix"), params.text(body, "input_suffix"),
-                                      params.text(body, "prompt"))
+    def _fim_prompt(self, request, req) -> tuple[object, list[int]]:
+        runtime = self.fim.runtime(self.daemon, req.model)
+        if isinstance(req, InfillRequest):
+            prefix, suffix, middle = req.input_prefix, req.input_suffix, req.prompt
         else:
-            prefix, suffix, middle = params.fim_parts(body), params.text(body, "suffix"), ""
+            prefix, suffix, middle = params.fim_prefix(req.prompt), req.suffix, ""
         check_model(request, runtime.name)  # before the request spends a rate-limit token
         self.fim.admit(request)
         return runtime, fim_prompt(runtime, prefix, suffix, middle)
 
     # ---- the whole request -----------------------------------------------------------------
 
-    def prepare(self, request, body: dict, kind: str, *, arrived: float,
-                make_sink: Callable[[bool, int], Callable], qos: str | None = None) -> Prepared:
-        """Validate ``body`` (and ``request``'s headers) for a ``kind`` generation. ``make_sink``
-        (called with whether the reply streams and how many choices it has) gives the sink of
-        their lanes (an :class:`~..bridge.EventBridge`); ``qos`` overrides the class the headers
-        ask for (a session's)."""
-        check_fields(body, params.FIELDS[kind])
-        params.unsupported(body)
-        n = params.choice_count(body)
-        if n > 1 and kind == "infill":
-            raise InvalidRequest("/infill answers one completion: n must be 1", param="n", code="unsupported_value")
-        if kind == "infill" and "n_predict" in body and "max_tokens" not in body:
-            n_predict = params.integer(body, "n_predict", -1, -1)  # llama.cpp's name; -1: the default
-            body = {**body, "max_tokens": n_predict if n_predict != -1 else None}
+    def prepare(self, request, req, *, arrived: float, make_sink: Callable[[bool, int], Callable],
+                qos: str | None = None, model: str | None = None) -> Prepared:
+        """A typed generation request (chat, completion or infill; a session's turn is a chat
+        whose ``model`` is given here) checked against its model and ``request``'s headers.
+        ``make_sink`` (called with whether the reply streams and how many choices it has) gives
+        the sink of their lanes (an :class:`~..bridge.EventBridge`); ``qos`` overrides the class
+        the headers ask for (a session's)."""
+        kind = kind_of(req)
+        n = req.n
         invariant = batch_invariant(request, self.config)
-        fim = kind == "infill" or (kind == "completion" and body.get("suffix") is not None)
-        if fim and params.boolean(body, "echo"):
-            raise InvalidRequest("echo cannot be used with suffix", param="echo", code="invalid_value")
+        fim = kind == "infill" or (kind == "completion" and req.suffix is not None)
         tools = NO_TOOLS
         if fim:
-            runtime, tokens = self._fim_prompt(request, body, kind)
+            runtime, tokens = self._fim_prompt(request, req)
         elif kind == "chat":
-            runtime, tokens, tools = self.chat_prompt(body)
+            runtime, tokens, tools = self.chat_prompt(req, model)
         else:
-            runtime, tokens = self._completion_prompt(body)
+            runtime, tokens = self._completion_prompt(req)
         check_model(request, runtime.name)
         key = request_key(request)
         ctx = runtime.loop.settings.context_length
-        stream = params.boolean(body, "stream")
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        asked = _asked(body, kind, tools)
+        stream = bool(req.stream)
+        include_usage = bool(stream and req.stream_options is not None and req.stream_options.include_usage)
+        asked = _asked(req, kind, tools)
         _engine_serves(runtime, asked)
-        limit = max_tokens(body, kind != "completion", len(tokens), ctx, key.max_tokens if key is not None else 0,
-                           echo=asked.echo)
-        sampling = attrs.evolve(params.sampling(body), logit_bias=params.logit_bias(body, runtime.engine.info.n_vocab),
+        wanted, field = limit_field(req)
+        limit = max_tokens(wanted, field, kind != "completion", len(tokens), ctx,
+                           key.max_tokens if key is not None else 0, echo=asked.echo)
+        sampling = attrs.evolve(params.sampling(req), logit_bias=params.logit_bias(req, runtime.engine.info.n_vocab),
                                 logprobs=asked.logprobs)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
         elif asked.json is not None:  # response_format: the whole reply held to its schema
             sampling = attrs.evolve(sampling, json_schema=asked.json)
-        stop = params.stop_strings(body) + tools.stop
-        ignore_eos, reuse = params.boolean(body, "ignore_eos"), params.boolean(body, "cache_prompt", True)
-        cls = request_class(request, self.config, body)  # the header is validated also when overridden
+        stop = params.stop_strings(req) + tools.stop
+        cls = request_class(request, self.config, req.superfluid)  # the header is validated also when overridden
         if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
             cls = applied_class(request, self.config, asked=FIM_CLASS if qos is None else qos)
         note_class(request, cls)
         bridge = make_sink(stream, n)
         first = Request(
             prompt_tokens=tokens, max_tokens=max(limit, 1), sink=bridge, sampling=sampling, stop=stop,
-            ignore_eos=ignore_eos, batch_invariant=invariant, reuse_prefix=reuse, streamed=stream,
-            qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
+            ignore_eos=bool(req.ignore_eos), batch_invariant=invariant, reuse_prefix=req.cache_prompt is not False,
+            streamed=stream, qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
             prompt_logprobs=asked.logprobs if asked.echo else None,
-            arrived=arrived, meta=_meta(kind, fim, sampling, tools, _tenant(key, body)))
+            arrived=arrived, meta=_meta(kind, fim, sampling, tools, _tenant(key, req)))
         requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
         echo = _echo_text(runtime, tokens) if asked.echo else None
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
@@ -213,19 +229,16 @@ class _Asked:
     logit_bias: bool = False
 
 
-def _asked(body: dict, kind: str, tools: ToolPlan) -> _Asked:
+def _asked(req, kind: str, tools: ToolPlan) -> _Asked:
     if kind == "infill":
-        if body.get("logprobs") not in (None, False, 0):
-            raise InvalidRequest("/infill answers no logprobs; use /v1/completions with suffix", param="logprobs",
-                                 code="unsupported_value")
-        return _Asked(logit_bias=bool(body.get("logit_bias")))
-    logprobs = logprob_format.chat_request(body) if kind == "chat" else logprob_format.completion_request(body)
-    echo = kind == "completion" and params.boolean(body, "echo")  # (not with suffix: refused before)
-    json = response_format.constraint(body) if kind == "chat" else None
+        return _Asked(logit_bias=bool(req.logit_bias))
+    logprobs = logprob_format.chat_request(req) if kind == "chat" else logprob_format.completion_request(req)
+    echo = kind == "completion" and bool(req.echo)  # (not with suffix: refused when parsed)
+    json = response_format.constraint(req.response_format) if kind == "chat" else None
     if json is not None and tools.choice in ("required", "function"):
         raise InvalidRequest("a forced tool call (tool_choice \"required\" or a function) cannot also follow a "
                              "JSON response_format", param="response_format", code="invalid_value")
-    return _Asked(logprobs=logprobs, echo=echo, json=json, logit_bias=bool(body.get("logit_bias")))
+    return _Asked(logprobs=logprobs, echo=echo, json=json, logit_bias=bool(req.logit_bias))
 
 
 def _engine_serves(runtime, asked: _Asked) -> None:
@@ -264,12 +277,11 @@ def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = 
     return meta
 
 
-def _tenant(key, body: dict) -> str | None:
+def _tenant(key, req) -> str | None:
     """Whom a request is for: its API key's name under a key policy, else the body's ``user``."""
     if key is not None:
         return f"key:{key.name}"
-    user = params.text(body, "user")
-    return f"user:{user}" if user else None
+    return f"user:{req.user}" if req.user else None
 
 
 def _echo_text(runtime, tokens: list[int]) -> str:

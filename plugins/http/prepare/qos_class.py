@@ -6,47 +6,28 @@ ceiling."""
 
 from __future__ import annotations
 
-from superfluid.core import qos as qos_classes
 from superfluid.core.errors import InvalidRequest
 
 from ..keys.auth import Forbidden, applied_class, request_key
+from ..options import OPTIONS
 
 BATCH_INVARIANT_HEADER = "x-superfluid-batch-invariant"
-EXTENSION_FIELD = "superfluid"  # the body's extension object: {"qos": CLASS}
-EXTENSION_KEYS = {"qos"}
 
 
-def body_class(body: dict, config) -> str | None:
-    """The class the body's ``superfluid`` extension object asks for (``{"qos": "batch"}``), or
-    None. It says what the ``x-superfluid-qos`` header says, in the body, where a gateway that
-    drops unknown headers (SMG, so ``superfluid fleet``) still carries it; honoured under the
-    same switch as the header (``--no-http-qos-header`` ignores both), and it wins over the
-    header when both are sent."""
-    ext = body.get(EXTENSION_FIELD)
-    if ext is None:
+def body_class(ext, config) -> str | None:
+    """The class the body's ``superfluid`` extension (:class:`~..extension.Extension`, already
+    resolved to a canonical class) asks for, or None. Honoured under the same switch as the
+    header (``--no-http-qos-header`` ignores both); it wins over the header when both are sent."""
+    if ext is None or ext.qos is None:
         return None
-    if not isinstance(ext, dict):
-        raise InvalidRequest(f"{EXTENSION_FIELD} must be an object", param=EXTENSION_FIELD, code="invalid_type")
-    unknown = sorted(set(ext) - EXTENSION_KEYS)
-    if unknown:
-        raise InvalidRequest(f"Unrecognized {EXTENSION_FIELD} field: {', '.join(unknown)}",
-                             param=f"{EXTENSION_FIELD}.{unknown[0]}", code="unknown_parameter")
-    qos = ext.get("qos")
-    if qos is None:
-        return None
-    if not isinstance(qos, str):
-        raise InvalidRequest(f"{EXTENSION_FIELD}.qos must be a string", param=f"{EXTENSION_FIELD}.qos",
-                             code="invalid_type")
-    cls = qos_classes.resolve(qos, param=f"{EXTENSION_FIELD}.qos")  # validated even when not honoured
-    return cls if config["http-qos-header"] else None
+    return ext.qos if OPTIONS.of(config).http_qos_header else None
 
 
-def request_class(request, config, body: dict | None = None) -> str:
-    """The QoS class a request gets: the body's ``superfluid.qos`` or the header's, if honoured,
-    else the default; with a key policy the key's class is both the default and the ceiling (see
-    :func:`..keys.auth.applied_class`)."""
-    asked = body_class(body, config) if body is not None else None
-    return applied_class(request, config, asked=asked)
+def request_class(request, config, ext=None) -> str:
+    """The QoS class a request gets: its body's ``superfluid.qos`` (``ext``) or the header's, if
+    honoured, else the default; with a key policy the key's class is both the default and the
+    ceiling (see :func:`..keys.auth.applied_class`)."""
+    return applied_class(request, config, asked=body_class(ext, config))
 
 
 def batch_invariant(request, config) -> bool:
@@ -67,7 +48,7 @@ def batch_invariant(request, config) -> bool:
             raise Forbidden(f"batch-invariant lanes tick alone and can serialize the server; key {key.name!r} "
                             f"is not granted them (batch-invariant = true in the key policy)",
                             param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")
-    elif not config["http-allow-batch-invariant"]:
+    elif not OPTIONS.of(config).http_allow_batch_invariant:
         raise Forbidden("batch-invariant lanes tick alone and can serialize the server; this server "
                         "does not allow them (start it with --http-allow-batch-invariant)",
                         param=BATCH_INVARIANT_HEADER, code="batch_invariant_not_allowed")

@@ -2,7 +2,7 @@
 
 Calls are written in the Hermes format (the one Qwen, Hermes and many fine-tunes use):
 ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``. Validation builds a
-:class:`ToolPlan` (:mod:`.tool_validate`), the prompt is rendered from it (:mod:`.tool_render`),
+:class:`ToolPlan` (:mod:`.tool_plan`, from a request checked by :mod:`..openai.chat_protocol`), the prompt is rendered from it (:mod:`.tool_render`),
 and replies are parsed against it (:mod:`.tool_parse`). "required" and a named ``tool_choice``
 are forced by pre-filling the assistant reply with the opening of a call; on an engine that can
 constrain sampling, the rest of the call is also held to the tools' ``parameters`` schemas, which
