@@ -14,7 +14,6 @@ from .catchup import LoopCatchup
 from .errors import json_errors
 from .events.hub import EventHub
 from .events.key_tally import TeeMetrics
-from .anthropic.routes import MessagesRoutes
 from .events.routes import EventsRoutes
 from .info.routes import InfoRoutes
 from .input_limits import LIMITS, Limits, guard
@@ -25,7 +24,6 @@ from .manage.sessions import SessionRoutes
 from .openai.embeddings import EmbeddingRoutes
 from .openai.routes import OpenAIRoutes
 from .openai.tokenize import TokenizeRoutes
-from .responses.routes import ResponsesRoutes
 from .options import OPTIONS
 
 log = logging.getLogger("superfluid.http")
@@ -45,8 +43,6 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     openai = OpenAIRoutes(daemon, config, catchup)
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
-    MessagesRoutes(daemon, config, openai).add_to(app)
-    ResponsesRoutes(daemon, config, openai).add_to(app)
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
     EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
     TokenizeRoutes(daemon).add_to(app)

@@ -28,9 +28,21 @@ from pydantic_core import PydanticCustomError
 from superfluid.core.errors import InvalidRequest
 
 
-def _null_is_absent(data):
-    """OpenAI's rule: a field sent as null means its default."""
-    return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+def _null_is_absent(cls, data):
+    """OpenAI's rule: a field sent as null means its default (an unknown field stays, to be
+    refused even when null)."""
+    if not isinstance(data, dict):
+        return data
+    fields = _field_names(cls)
+    return {k: v for k, v in data.items() if v is not None or k not in fields}
+
+
+def _field_names(cls) -> frozenset:
+    names = cls.__dict__.get("_json_names")
+    if names is None:
+        names = frozenset(f.alias or n for n, f in cls.model_fields.items())
+        setattr(cls, "_json_names", names)
+    return names
 
 
 class RequestBody(BaseModel):
@@ -42,7 +54,7 @@ class RequestBody(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data):
-        return _null_is_absent(data)
+        return _null_is_absent(cls, data)
 
     def given(self, name: str) -> bool:
         """Whether the client sent ``name`` (a field left at its default was not sent)."""
@@ -58,7 +70,7 @@ class Lenient(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls(cls, data):
-        return _null_is_absent(data)
+        return _null_is_absent(cls, data)
 
 
 def fail(code: str, text: str) -> PydanticCustomError:

@@ -11,8 +11,6 @@ import functools
 
 from .openapi_requests import request_schemas
 from .openapi_responses import CONTENT_REPLY, MODEL_STATE, SSE_EVENT, response_schemas
-from ..anthropic.openapi_paths import paths as messages_paths
-from ..responses.openapi_paths import paths as responses_paths
 from .openapi_ops import BODY, ERRORS, GENERATE, INVARIANT_HEADER, NAME, QOS_HEADER, SESSION_ERRORS, SID, op
 from .openapi_schema import BOOL, json_body, obj, ref, string
 
@@ -28,10 +26,6 @@ def _generation(summary: str, request: str, response: str, op_id: str, params_: 
 
 
 def _paths() -> dict:
-    return {**_own_paths(), **messages_paths(), **responses_paths()}
-
-
-def _own_paths() -> dict:
     session = json_body(ref("Session"), "the session")
     return {
         "/v1/chat/completions": {"post": _generation(

@@ -1,6 +1,6 @@
 """The pieces every operation of the OpenAPI document is built from: the errors a route may
-answer and :func:`op`, one operation; shared by the route table (:mod:`.openapi`) and the
-front ends that describe their own routes (``anthropic/``, ``responses/``)."""
+answer and :func:`op`, one operation; shared by the route table (:mod:`.openapi`) and any
+front end that describes its own routes."""
 
 from __future__ import annotations
 

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 from pydantic.json_schema import models_json_schema
 
-from ..anthropic.protocol import REQUESTS as MESSAGES_REQUESTS
 from ..manage.protocol import (LoadRequest, SessionCreateRequest, SessionQosRequest, SessionTurnRequest,
                                UnloadRequest)
 from ..openai.chat_protocol import ChatCompletionRequest
 from ..openai.protocol import (CompletionRequest, DetokenizeRequest, EmbeddingRequest, InfillRequest,
                                TokenizeRequest)
-from ..responses.protocol import REQUESTS as RESPONSES_REQUESTS
 
 REF = "#/components/schemas/{model}"
 # each route's body, by the component name the route table refers to (the class's own name)
 REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest,
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
-            LoadRequest, *MESSAGES_REQUESTS, *RESPONSES_REQUESTS)
+            LoadRequest)
 
 
 def openapi30(node):
