@@ -54,6 +54,7 @@ def test_a_stream_of_two_chat_choices_interleaves_by_index_with_their_own_logpro
     usage = shape.usage_chunk([c.event for c in choices])["usage"]
     assert usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
                      "prompt_tokens_details": {"cached_tokens": 0}}
+    assert [c.generated for c in choices] == [1, 1]
 
 
 def test_whole_chat_choices_with_logprobs():
@@ -82,7 +83,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing():
                                "top_logprobs": [None, {" there": -1.0}, {" there": -0.25}],
                                "text_offset": [0, 3, 5]}
     body = shape.replies([got], [choice.event])
-    assert body["usage"]["completion_tokens"] == 0 and choice.event.completion_tokens == 0
+    assert body["usage"]["completion_tokens"] == 0 and choice.generated == 0
     json.dumps(body)
 
 

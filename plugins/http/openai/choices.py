@@ -30,6 +30,7 @@ class Choice:
                                   if prep.stream and shape.kind == "completion" and prep.logprobs is not None else None)
         self.event = None  # the lane's final event, once it finished
         self.parsed = None  # the reply split into content and calls (tools were offered)
+        self.generated = 0  # completion tokens seen so far: what the key's tokens-per-minute is charged
 
     @property
     def reply(self) -> str:
@@ -42,6 +43,7 @@ class Choice:
         """Take a "delta" event; the chunks it makes (for a stream)."""
         if self.prep.score_only:  # the one token generated to score the prompt is not the reply's
             return []
+        self.generated += len(event.token_ids)
         self.parts.append(event.text)
         if not self.prep.stream:
             self.logprobs.extend(event.logprobs)
@@ -64,6 +66,7 @@ class Choice:
         if self.prep.score_only:  # as if max_tokens 0 had been run: nothing generated
             event = attrs.evolve(event, completion_tokens=0, finish_reason="length")
         self.event = event
+        self.generated = max(self.generated, event.completion_tokens)
         if self.prep.tools.active and not self.parser:
             self.parsed = tool_parse.parse(self.reply, event.finish_reason, self.prep.tools)
         if not self.prep.stream:

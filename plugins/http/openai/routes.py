@@ -19,8 +19,8 @@ from ..access_log import log_generation
 from ..bridge import EventBridge
 from ..body import read_as
 from ..info.metrics import METRICS
-from ..generation import Generation
-from ..keys.limits import KeyLimits
+from ..keys.auth import door_time, request_key
+from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
 from .chat_protocol import ChatCompletionRequest
@@ -76,20 +76,36 @@ class OpenAIRoutes:
         prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model)
         if on_finish is not None and len(prep.requests) > 1:
             raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")
+        reqs, scheduler = prep.requests, prep.runtime.loop
+        key = request_key(request)
+        if key is not None:
+            request[HEADERS] = (self.key_limits, key)  # x-ratelimit-* on the response, 429 or not
+        # per choice a lane slot and a request of the key's budgets, the prompt's tokens once; or a 429
+        with door_time():
+            tickets = _admit(self.key_limits, key, len(reqs[0].prompt_tokens), len(reqs))
         answer = _Answer(prep, Shape(prep.kind, prep.runtime.name), on_finish)
-        async with Generation(request, prep, self.key_limits) as run:
+        try:
+            _submit(scheduler, reqs, tickets)  # a prompt longer than the context is refused here (a 400)
             try:
                 if prep.stream:
-                    return await self._stream(request, answer, run)
-                return await self._collect(request, answer, run)
+                    return await self._stream(request, answer)
+                return await self._collect(request, answer)
             except (ConnectionResetError, asyncio.CancelledError):
-                # The client went away: the lanes are cancelled as the run ends and free their KV.
+                # The client went away: the lanes are cancelled below and free their KV at the next step.
                 answer.log(request, 499, finish="disconnected")
                 raise
+            finally:
+                for i, req in enumerate(reqs):
+                    if not prep.bridge.ended(i):
+                        scheduler.cancel(req.id)
+        finally:
+            with door_time():  # whatever the outcome: the lane slots back, the completions charged
+                for ticket, choice in zip(tickets, answer.choices):
+                    ticket.end(choice.generated)
 
-    async def _collect(self, request, answer: "_Answer", run: Generation) -> web.Response:
-        choices = answer.choices
-        async for i, event in run.events():
+    async def _collect(self, request, answer: "_Answer") -> web.Response:
+        prep, choices = answer.prep, answer.choices
+        async for i, event in prep.bridge.tagged():
             if event.kind == "delta":
                 choices[i].delta(event)
             elif event.kind == "error":
@@ -105,7 +121,7 @@ class OpenAIRoutes:
         scores = events[0].prompt_logprobs  # only the first choice's lane scores a prompt
         return web.json_response(answer.shape.replies([c.whole(scores) for c in choices], events))
 
-    async def _stream(self, request, answer: "_Answer", run: Generation) -> web.StreamResponse:
+    async def _stream(self, request, answer: "_Answer") -> web.StreamResponse:
         prep, shape, choices = answer.prep, answer.shape, answer.choices
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -117,7 +133,7 @@ class OpenAIRoutes:
         # An echoed prompt with logprobs goes first, once the scoring lane has computed it; what
         # the choices make before then is held back, in order.
         held: list[dict] | None = [] if choices[0].echo_waits_for_scores else None
-        async for i, event in run.events():
+        async for i, event in prep.bridge.tagged():
             chunks: list[dict] = []
             if event.kind == "scored" and held is not None:
                 chunks = [c.echo_chunk(event.prompt_logprobs) for c in choices] + held
@@ -147,6 +163,38 @@ class OpenAIRoutes:
             await resp.write(DONE)
         await resp.write_eof()
         return resp
+
+
+def _admit(limits: KeyLimits, key, prompt_tokens: int, lanes: int) -> list:
+    """One ticket per lane (a ticket holds one lane slot); the prompt is charged once, with the
+    first, since the lanes share it (it is prefilled once). All or none: a refused one gives the
+    others back."""
+    tickets = []
+    try:
+        for i in range(lanes):
+            tickets.append(limits.admit(key, prompt_tokens if i == 0 else 0))
+    except BaseException:
+        for ticket in tickets:
+            ticket.end(0, refund_prompt=True)
+        raise
+    return tickets
+
+
+def _submit(scheduler, reqs, tickets) -> None:
+    """Queue every choice's lane, together (so the others wait for the first's prefill and are
+    seeded from it); if one is refused, none runs and the tickets cost a request, not tokens."""
+    submitted = []
+    try:
+        for req in reqs:
+            scheduler.submit(req)
+            submitted.append(req)
+    except BaseException:
+        for req in submitted:
+            scheduler.cancel(req.id)
+        with door_time():
+            for ticket in tickets:
+                ticket.end(0, refund_prompt=True)  # never queued: it costs a request, not its tokens
+        raise
 
 
 class _Answer:
