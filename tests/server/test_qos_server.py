@@ -167,11 +167,13 @@ def test_fim_rate_limit_deadline_and_infill(start_server, tiny_fim_model):
     srv = start_server("--fim-model", tiny_fim_model, "--fim-max-batch", "1", "--completion-burst", "3",
                        "--completion-rate", "1/m")
     fim = {"model": "smollm2", "prompt": "def add(a, b):\n    ", "suffix": "\n    return c\n", "max_tokens": 8}
-    status, body, _ = post(srv.base, "/v1/completions", fim)
+    # The tiny model's weights are random: ignore_eos keeps a sampled end-of-text from making an empty reply.
+    status, body, _ = post(srv.base, "/v1/completions", {**fim, "ignore_eos": True})
     assert status == 200, body
     assert body["usage"]["completion_tokens"] >= 1
     assert body["model"] == "fim"
-    status, body, _ = post(srv.base, "/infill", {"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 4})
+    status, body, _ = post(srv.base, "/infill", {"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 4,
+                                                 "ignore_eos": True})
     assert status == 200, body
     assert "content" in body and body["tokens_predicted"] >= 1
     # The third request of the burst holds the only FIM lane; the fourth finds the bucket empty.
