@@ -10,6 +10,7 @@ from aiohttp import web
 
 from superfluid.core.config import CORE_OPTIONS
 
+from .aliases import ALIASES, Aliases
 from .catchup import LoopCatchup
 from .errors import json_errors
 from .events.hub import EventHub
@@ -40,14 +41,16 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=limits.max_body_bytes)
     app[LIMITS] = limits
     app.on_response_prepare.append(auth.qos_header(config))
-    openai = OpenAIRoutes(daemon, config, catchup)
+    served = list(daemon.models) or [m.name for m in getattr(config, "models", ())]
+    aliases = app[ALIASES] = Aliases(OPTIONS.of(config).model_alias, served)
+    openai = OpenAIRoutes(daemon, config, catchup, aliases)
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
     EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
     TokenizeRoutes(daemon).add_to(app)
     AdminRoutes(daemon).add_to(app)
-    InfoRoutes(daemon).add_to(app)
+    InfoRoutes(daemon, aliases).add_to(app)
     events = events if events is not None else EventHub(daemon, keys)
     # the key limiter reports each key's requests, tokens and rejections to /events too
     openai.key_limits.metrics = TeeMetrics(openai.key_limits.metrics, events.keys)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from superfluid.core import qos
 from superfluid.core.options import Option, PluginOptions, in_range
 
+from .aliases import parse_alias
 from .input_limits import STOP_CAP, TOOLS_CAP
 from .keys.rate_limit import parse_rate
 
@@ -35,6 +36,10 @@ OPTIONS = PluginOptions("http", [
     Option("http-default-qos", str, qos.DEFAULT_CLASS,
            "QoS class for requests that name none", parse=lambda v: qos.resolve(v, param="http-default-qos"),
            metavar="CLASS"),
+    Option("model-alias", list, [], "another name for a served model, optionally at a QoS class of "
+           "its own: NAME=MODEL or NAME=MODEL@CLASS (e.g. claude-haiku=smollm2@background for an agent's "
+           "side requests); repeatable; TOML: model-alias = [...]", parse=parse_alias,
+           metavar="NAME=MODEL[@CLASS]"),
     Option("http-qos-header", bool, True,
            "honor the x-superfluid-qos request header (--no-http-qos-header ignores it)"),
     Option("http-allow-batch-invariant", bool, False,

@@ -40,11 +40,18 @@ _ERROR = obj({"error": obj({"message": string(), "type": string(), "param": null
                             "code": nullable(string())}, required=("message", "type"))},
              required=("error",))
 MODEL_STATE = string(enum=["ready", "unloading", "unloaded", "loading"])
+_CONTEXT = integer(0)
 _MODEL = obj({
     "id": string(), "object": string(enum=["model"]), "created": integer(), "owned_by": string(),
+    "context_length": _CONTEXT, "context_window": _CONTEXT, "max_model_len": _CONTEXT,
+    "type": string(enum=["model"], description="Anthropic's model object"), "display_name": string(),
+    "created_at": string(description="RFC 3339"), "max_input_tokens": _CONTEXT, "max_tokens": _CONTEXT,
     "meta": obj({"engine": string(), "path": nullable(string()), "context_length": integer(0),
-                 "max_batch": integer(0)})}, required=("id", "object"))
-_MODELS = obj({"object": string(enum=["list"]), "data": {"type": "array", "items": ref("Model")}},
+                 "max_batch": integer(0), "alias_of": string(description="an alias: the model serving it"),
+                 "qos": nullable(string(description="an alias: the class its requests ask for"))})},
+    required=("id", "object"))
+_MODELS = obj({"object": string(enum=["list"]), "data": {"type": "array", "items": ref("Model")},
+               "has_more": BOOL, "first_id": nullable(string()), "last_id": nullable(string())},
               required=("object", "data"))
 _EMBEDDINGS = obj({
     "object": string(enum=["list"]),

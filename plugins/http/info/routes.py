@@ -9,13 +9,15 @@ from aiohttp import web
 from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ModelNotFound
 
+from ..aliases import Aliases
 from .metrics import METRICS
 from .openapi import document
 
 
 class InfoRoutes:
-    def __init__(self, daemon):
+    def __init__(self, daemon, aliases: Aliases | None = None):
         self.daemon = daemon
+        self.aliases = aliases if aliases is not None else Aliases([], [])  # listed beside their models
         self.started = int(time.time())
         self._document: dict | None = None  # built on first request
         # the model-server gauges, read at scrape time; cells count in blocks of KV events' size
@@ -32,21 +34,45 @@ class InfoRoutes:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
 
-    def _entry(self, name: str, rt) -> dict:
-        """One model as /v1/models lists it (and /v1/models/{id} answers it)."""
+    def _entry(self, name: str, rt, alias=None) -> dict:
+        """One model (or an alias of one) as /v1/models lists it and /v1/models/{id} answers it.
+
+        The context window is given under the names clients read: ``context_length`` (OpenRouter,
+        LM Studio), ``max_model_len`` (vLLM), ``context_window``, and Anthropic's model object
+        fields (``type``, ``display_name``, ``created_at``, ``max_input_tokens``) so an
+        Anthropic client listing models finds them in the same list."""
         caps = rt.engine.capabilities
+        ctx = caps.context_length
+        meta = {"engine": rt.config.engine, "path": rt.engine.info.path, "context_length": ctx,
+                "max_batch": caps.max_lanes}
+        if alias is not None:
+            meta.update(alias_of=alias.model, qos=alias.qos)
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
         return {"id": name, "object": "model", "created": self.started, "owned_by": "superfluid",
-                "meta": {"engine": rt.config.engine, "path": rt.engine.info.path,
-                         "context_length": caps.context_length, "max_batch": caps.max_lanes}}
+                "context_length": ctx, "context_window": ctx, "max_model_len": ctx,
+                "type": "model", "display_name": name, "created_at": created,
+                "max_input_tokens": ctx, "max_tokens": ctx, "meta": meta}
+
+    def _entries(self) -> list[dict]:
+        models = dict(self.daemon.models)
+        data = [self._entry(name, rt) for name, rt in models.items()]
+        data += [self._entry(a.name, models[a.model], a) for a in self.aliases if a.model in models]
+        return data
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [self._entry(name, rt) for name, rt in list(self.daemon.models.items())]
-        return web.json_response({"object": "list", "data": data})
+        data = self._entries()
+        # Anthropic's list envelope beside OpenAI's: an Anthropic client pages with these
+        return web.json_response({"object": "list", "data": data, "has_more": False,
+                                  "first_id": data[0]["id"] if data else None,
+                                  "last_id": data[-1]["id"] if data else None})
 
     async def model(self, request: web.Request) -> web.Response:
-        """One served model; one not served is what a request naming it gets: 404 if unknown,
-        503 with Retry-After if unloaded or loading."""
+        """One served model or alias; one not served is what a request naming it gets: 404 if
+        unknown, 503 with Retry-After if unloaded or loading."""
         name = request.match_info["id"]
+        for entry in self._entries():
+            if entry["id"] == name:
+                return web.json_response(entry)
         rt = self.daemon.models.get(name)
         if rt is not None:
             return web.json_response(self._entry(name, rt))

@@ -108,26 +108,29 @@ def note_class(request, cls: str) -> str:
     return cls
 
 
-def applied_class(request, config, asked: str | None = None) -> str:
-    """The class a request gets: what it asks for (``asked``, else the header if honoured),
-    capped at its key's class; with nothing asked, the key's class or --http-default-qos.
-    ``config``: the Config, or this plugin's options (``OPTIONS.of(config)``)."""
+def applied_class(request, config, asked: str | None = None, otherwise: str | None = None) -> str:
+    """The class a request gets: what it asks for (``asked``, else the header if honoured, else
+    ``otherwise``: the class of the model alias it named), capped at its key's class; with nothing
+    asked, the key's class or --http-default-qos. ``config``: the Config, or this plugin's
+    options (``OPTIONS.of(config)``)."""
     cost = _CURRENT.get()
     if cost is None:
-        return _applied_class(request, config, asked)
+        return _applied_class(request, config, asked, otherwise)
     start = perf_counter()
     try:
-        return _applied_class(request, config, asked)
+        return _applied_class(request, config, asked, otherwise)
     finally:
         cost.seconds += perf_counter() - start
 
 
-def _applied_class(request, config, asked: str | None) -> str:
+def _applied_class(request, config, asked: str | None, otherwise: str | None = None) -> str:
     opts = OPTIONS.of(config)
     if asked is None:
         header = request.headers.get(QOS_HEADER)
         if header is not None and opts.http_qos_header:
             asked = qos_classes.resolve(header)
+    if asked is None:
+        asked = otherwise
     key = request_key(request)
     if key is not None:
         return key.cap(asked)

@@ -14,6 +14,7 @@ from aiohttp import web
 from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.sessions import SessionConflict, SessionNotFound
 
+from ..aliases import served_name
 from ..body import read_as
 from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
 from ..openai.chat_protocol import ChatMessage
@@ -43,12 +44,12 @@ class SessionRoutes:
 
     async def create(self, request: web.Request) -> web.Response:
         req = await read_as(request, SessionCreateRequest)
-        runtime = self.daemon.get(req.model)
+        runtime = self.daemon.get(served_name(request, req.model))
         check_model(request, runtime.name)
         if req.qos is not None:
             cls = applied_class(request, self.config, asked=req.qos)
         else:
-            cls = request_class(request, self.config)
+            cls = request_class(request, self.config, otherwise=self.openai.preparer.aliases.qos(req.model))
         note_class(request, cls)
         key = request_key(request)  # the session belongs to the key that opened it
         session = self.store.create(runtime.name, cls, req.system or None, pin_system=req.pin_system,

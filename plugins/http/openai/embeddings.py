@@ -21,6 +21,7 @@ from aiohttp import web
 from superfluid.core.errors import ContextLengthExceeded, EngineFailure, InvalidRequest, SuperfluidError
 from superfluid.core.request import Request
 
+from ..aliases import served_name
 from ..access_log import log_generation
 from ..body import read_as
 from ..bridge import EventBridge
@@ -95,7 +96,7 @@ class EmbeddingRoutes:
     async def embeddings(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
         req = await read_as(request, EmbeddingRequest)
-        runtime = self.daemon.get(req.model)
+        runtime = self.daemon.get(served_name(request, req.model))
         check_model(request, runtime.name)
         runtime.loop.check_serves(embed=True)  # before tokenizing inputs it would not embed
         fmt = req.encoding_format

@@ -16,6 +16,7 @@ from aiohttp import web
 from superfluid.core.errors import InvalidRequest
 
 from ..access_log import log_generation
+from ..aliases import Aliases
 from ..bridge import EventBridge
 from ..body import read_as
 from ..info.metrics import METRICS
@@ -23,18 +24,19 @@ from ..keys.auth import door_time, request_key
 from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
+from ..wire import Wire
 from .chat_protocol import ChatCompletionRequest
 from .choices import Choice
 from .protocol import CompletionRequest, InfillRequest
-from .replies import DONE, Shape, error_body, error_reply, sse, status_of
+from .replies import Shape, status_of
 
 
 class OpenAIRoutes:
-    def __init__(self, daemon, config, catchup=None):
+    def __init__(self, daemon, config, catchup=None, aliases: Aliases | None = None):
         self.daemon = daemon
         self.config = config
         self.catchup = catchup  # the front end's LoopCatchup: its bridges count wake-ups on it
-        self.preparer = Preparer(daemon, config)
+        self.preparer = Preparer(daemon, config, aliases=aliases)
         self.key_limits = KeyLimits(metrics=METRICS)  # per-key requests/tokens per minute and lanes
 
     def add_to(self, app: web.Application) -> None:
@@ -54,13 +56,19 @@ class OpenAIRoutes:
         arrived = time.monotonic()
         return await self._generate(request, await read_as(request, InfillRequest), arrived)
 
-    async def generate_chat(self, request: web.Request, req, model: str, qos: str,
-                            on_finish) -> web.StreamResponse:
-        """A chat completion for another route (a session's turn): its typed chat ``req``
-        (:class:`~.chat_protocol.ChatFields`) for ``model``, a fixed QoS class, and
-        ``on_finish(text, event, prompt_tokens, parsed)`` (``parsed``: the reply split into
-        content and tool calls, when tools were offered)."""
-        return await self._generate(request, req, time.monotonic(), model=model, qos=qos, on_finish=on_finish)
+    async def generate_chat(self, request: web.Request, req, model: str | None = None, qos: str | None = None,
+                            on_finish=None, *, wire: Wire | None = None, arrived: float | None = None,
+                            limit_is_ceiling: bool = False) -> web.StreamResponse:
+        """A chat completion for another route: a session's turn, or another API's request
+        mapped onto chat. ``req``: its typed chat request (:class:`~.chat_protocol.ChatFields`);
+        ``model`` and ``qos`` stand in for the request's own (a session's); ``on_finish(text,
+        event, prompt_tokens, parsed)`` hears the complete reply (``parsed``: the reply split into
+        content and tool calls, when tools were offered); ``wire`` answers in that API's format
+        (default: OpenAI's); ``limit_is_ceiling``: the reply's token limit is a ceiling, cut to
+        what the context leaves (Anthropic's ``max_tokens``), not a demand refused when the
+        context cannot hold it (OpenAI's)."""
+        return await self._generate(request, req, time.monotonic() if arrived is None else arrived, model=model,
+                                    qos=qos, on_finish=on_finish, wire=wire, limit_is_ceiling=limit_is_ceiling)
 
     def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
         """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop
@@ -68,12 +76,16 @@ class OpenAIRoutes:
         return EventBridge(asyncio.get_running_loop(), hold_deltas=not stream, catchup=self.catchup, lanes=lanes)
 
     async def _generate(self, request: web.Request, req, arrived: float, model: str | None = None,
-                        qos: str | None = None, on_finish=None) -> web.StreamResponse:
+                        qos: str | None = None, on_finish=None, wire: Wire | None = None,
+                        limit_is_ceiling: bool = False) -> web.StreamResponse:
         """Run one generation (``n`` lanes for n choices) of a typed request. ``model`` and
         ``qos`` (default: the request's and the headers') let other routes (sessions) reuse
-        this; ``on_finish`` hears the complete reply before the response ends (see
-        :meth:`generate_chat`)."""
-        prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model)
+        this; ``on_finish`` hears the complete reply before the response ends, ``wire`` writes
+        it (see :meth:`generate_chat`)."""
+        wire = wire if wire is not None else Wire()
+        prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model,
+                                     limit_is_ceiling=limit_is_ceiling)
+        wire.prepared(prep)
         if on_finish is not None and len(prep.requests) > 1:
             raise InvalidRequest("a session turn has one reply: n must be 1", param="n", code="unsupported_value")
         reqs, scheduler = prep.requests, prep.runtime.loop
@@ -83,7 +95,7 @@ class OpenAIRoutes:
         # per choice a lane slot and a request of the key's budgets, the prompt's tokens once; or a 429
         with door_time():
             tickets = _admit(self.key_limits, key, len(reqs[0].prompt_tokens), len(reqs))
-        answer = _Answer(prep, Shape(prep.kind, prep.runtime.name), on_finish)
+        answer = _Answer(prep, Shape(prep.kind, prep.runtime.name), wire, on_finish)
         try:
             _submit(scheduler, reqs, tickets)  # a prompt longer than the context is refused here (a 400)
             try:
@@ -110,30 +122,41 @@ class OpenAIRoutes:
                 choices[i].delta(event)
             elif event.kind == "error":
                 answer.log(request, status_of(event.error), event=event, finish="error")
-                return error_reply(event.error)
+                return answer.wire.error(event.error)
             elif event.kind == "finished":
                 choices[i].finish(event)
         events = [c.event for c in choices]
         answer.log(request, 200, event=answer.summed())
         answer.finished()
         if answer.shape.kind == "infill":
-            return web.json_response(answer.shape.whole(choices[0].reply, events[0]))
+            return answer.wire.whole(answer.shape.whole(choices[0].reply, events[0]))
         scores = events[0].prompt_logprobs  # only the first choice's lane scores a prompt
-        return web.json_response(answer.shape.replies([c.whole(scores) for c in choices], events))
+        return answer.wire.whole(answer.shape.replies([c.whole(scores) for c in choices], events))
 
     async def _stream(self, request, answer: "_Answer") -> web.StreamResponse:
-        prep, shape, choices = answer.prep, answer.shape, answer.choices
+        prep, shape, choices, wire = answer.prep, answer.shape, answer.choices, answer.wire
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
+
+        async def write(chunks) -> None:
+            for chunk in chunks:
+                for data in wire.chunk(chunk):
+                    await resp.write(data)
+
+        for data in wire.opening():
+            await resp.write(data)
         for choice in choices:
-            for chunk in choice.opening():
-                await resp.write(sse(chunk))
+            await write(choice.opening())
         failed = False
         # An echoed prompt with logprobs goes first, once the scoring lane has computed it; what
         # the choices make before then is held back, in order.
         held: list[dict] | None = [] if choices[0].echo_waits_for_scores else None
-        async for i, event in prep.bridge.tagged():
+        async for tagged in _pinged(prep.bridge.tagged(), wire.ping_every):
+            if tagged is None:  # nothing for ping_every seconds (a long prefill): keep the stream open
+                await resp.write(wire.ping())
+                continue
+            i, event = tagged
             chunks: list[dict] = []
             if event.kind == "scored" and held is not None:
                 chunks = [c.echo_chunk(event.prompt_logprobs) for c in choices] + held
@@ -142,7 +165,8 @@ class OpenAIRoutes:
                 chunks = choices[i].delta(event)
             elif event.kind == "error":
                 answer.log(request, status_of(event.error), event=event, finish="error")
-                await resp.write(sse(error_body(event.error)))
+                for data in wire.stream_error(event.error):
+                    await resp.write(data)
                 failed = True
                 break
             elif event.kind == "finished":
@@ -150,19 +174,44 @@ class OpenAIRoutes:
             if held is not None and event.kind != "scored":
                 held.extend(chunks)
                 continue
-            for chunk in chunks:
-                await resp.write(sse(chunk))
-        for chunk in held or ():  # never scored (it cannot happen to a lane that finished): what it made
-            await resp.write(sse(chunk))
+            await write(chunks)
+        await write(held or ())  # never scored (it cannot happen to a lane that finished): what it made
         if not failed:
             answer.finished()
-            if prep.include_usage:
-                await resp.write(sse(shape.usage_chunk([c.event for c in choices])))
+            usage = (shape.usage_chunk([c.event for c in choices]) if prep.include_usage or wire.always_usage
+                     else None)
+            for data in wire.closing(usage):
+                await resp.write(data)
             answer.log(request, 200, event=answer.summed())
-        if shape.kind != "infill":
-            await resp.write(DONE)
         await resp.write_eof()
         return resp
+
+
+async def _pinged(events, every: float | None):
+    """``events`` (an async iterator), with None in between whenever ``every`` seconds pass
+    without one (``every`` None: just ``events``). The pending read is kept across the waits, so
+    no event is lost or reordered."""
+    if every is None:
+        async for item in events:
+            yield item
+        return
+    pending = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(events.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                yield task.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        if pending is not None:
+            pending.cancel()
 
 
 def _admit(limits: KeyLimits, key, prompt_tokens: int, lanes: int) -> list:
@@ -201,9 +250,10 @@ class _Answer:
     """One generation being answered: its prepared request, response shape, its choices, the
     finish callback."""
 
-    def __init__(self, prep: Prepared, shape: Shape, on_finish=None):
+    def __init__(self, prep: Prepared, shape: Shape, wire: Wire, on_finish=None):
         self.prep = prep
         self.shape = shape
+        self.wire = wire  # writes the reply in the request's API
         self.on_finish = on_finish  # on_finish(text, event, prompt_tokens, parsed): for a session's log
         text = TokenText(prep.runtime.engine.token_bytes)
         self.choices = [Choice(i, prep, shape, text) for i in range(len(prep.requests))]

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
 
+from ..aliases import served_name
 from ..body import read_as
 from ..keys.auth import check_model
 from .protocol import DetokenizeRequest, TokenizeRequest
@@ -43,7 +44,7 @@ class TokenizeRoutes:
 
     async def _read(self, request: web.Request, cls):
         req = await read_as(request, cls)
-        runtime = self.daemon.get(req.model)
+        runtime = self.daemon.get(served_name(request, req.model))
         check_model(request, runtime.name)
         return req, runtime
 

@@ -23,6 +23,7 @@ from ..keys.auth import applied_class, check_model, note_class, request_key
 from ..openai.chat_protocol import ChatFields
 from ..openai.protocol import CompletionRequest, InfillRequest
 from . import logprob_format, params, response_format, tool_plan
+from ..aliases import Aliases
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .qos_class import batch_invariant, request_class
 from .tool_format import ToolPlan
@@ -58,14 +59,16 @@ class Prepared:
 
 
 def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int, cap: int = 0,
-               echo: bool = False) -> int:
+               echo: bool = False, ceiling: bool = False) -> int:
     """The reply's limit from the field ``key`` (``asked``: its value, None: absent). OpenAI's
     defaults: the rest of the context for chat, 16 for completions; too many is a 400. A prompt
     that alone fills the context is the scheduler's to refuse (its error names the prompt, not
     this field), so it gets 1 here. ``cap`` (a key's ``max-tokens``, 0: none): asking for more is
     a 400 naming the field (a client told it was clamped could not tell a short reply from a cut
     one); the default is clamped to it. ``echo`` (a completion's): 0 is allowed, to score the
-    prompt only (what lm-evaluation-harness sends)."""
+    prompt only (what lm-evaluation-harness sends). ``ceiling``: the asked value is a ceiling cut
+    to what the context leaves (Anthropic's ``max_tokens``: Claude Code asks 32000 of any model),
+    not a demand refused when the context cannot hold it."""
     value = asked
     if value is not None and value < 1 and not echo:
         raise InvalidRequest(f"{key} must be at least 1, got {value} (0 only with echo)", param=key,
@@ -77,6 +80,8 @@ def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int,
                              param=key, code="max_tokens_exceeded")
     if n_prompt >= ctx:
         return 1
+    if ceiling and value is not None:
+        value = min(value, ctx - n_prompt)
     if value is None:
         value = ctx - n_prompt if chat else 16
         if cap:
@@ -115,10 +120,11 @@ def _chat_tokens(runtime, text: str) -> list[int]:
 class Preparer:
     """Turns request bodies into :class:`Prepared` values for one daemon and configuration."""
 
-    def __init__(self, daemon, config, fim: FimPolicy | None = None):
+    def __init__(self, daemon, config, fim: FimPolicy | None = None, aliases: Aliases | None = None):
         self.daemon = daemon
         self.config = config
         self.fim = fim or FimPolicy(config)
+        self.aliases = aliases if aliases is not None else Aliases([], [])  # model-alias
 
     # ---- prompts ---------------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class Preparer:
     def chat_prompt(self, req, model: str | None = None) -> tuple[object, list[int], ToolPlan]:
         """(runtime, prompt tokens, tool plan) of a chat request (:class:`ChatFields`); ``model``
         stands in for a request without one (a session's turn)."""
-        runtime = self.daemon.get(getattr(req, "model", None) or model)
+        runtime = self.daemon.get(self.aliases.model(getattr(req, "model", None) or model))
         info = runtime.engine.info
         tools = tool_plan.plan(req, grammars=getattr(runtime.engine.capabilities, "grammars", False))
         messages = [m.for_template() for m in req.messages]
@@ -146,7 +152,7 @@ class Preparer:
         return len(self.chat_prompt(req, model)[1])
 
     def _completion_prompt(self, req: CompletionRequest) -> tuple[object, list[int]]:
-        runtime = self.daemon.get(req.model)
+        runtime = self.daemon.get(self.aliases.model(req.model))
         engine, info = runtime.engine, runtime.engine.info
         tokens = params.completion_prompt(req.prompt, lambda s: engine.tokenize(s, add_special=True, parse_special=True))
         bad = [t for t in tokens if not 0 <= t < info.n_vocab]
@@ -168,12 +174,12 @@ class Preparer:
     # ---- the whole request -----------------------------------------------------------------
 
     def prepare(self, request, req, *, arrived: float, make_sink: Callable[[bool, int], Callable],
-                qos: str | None = None, model: str | None = None) -> Prepared:
+                qos: str | None = None, model: str | None = None, limit_is_ceiling: bool = False) -> Prepared:
         """A typed generation request (chat, completion or infill; a session's turn is a chat
         whose ``model`` is given here) checked against its model and ``request``'s headers.
         ``make_sink`` (called with whether the reply streams and how many choices it has) gives
         the sink of their lanes (an :class:`~..bridge.EventBridge`); ``qos`` overrides the class
-        the headers ask for (a session's)."""
+        the headers ask for (a session's); ``limit_is_ceiling``: see :func:`max_tokens`."""
         kind = kind_of(req)
         n = req.n
         invariant = batch_invariant(request, self.config)
@@ -194,7 +200,7 @@ class Preparer:
         _engine_serves(runtime, asked)
         wanted, field = limit_field(req)
         limit = max_tokens(wanted, field, kind != "completion", len(tokens), ctx,
-                           key.max_tokens if key is not None else 0, echo=asked.echo)
+                           key.max_tokens if key is not None else 0, echo=asked.echo, ceiling=limit_is_ceiling)
         sampling = attrs.evolve(params.sampling(req), logit_bias=params.logit_bias(req, runtime.engine.info.n_vocab),
                                 logprobs=asked.logprobs)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
@@ -202,7 +208,9 @@ class Preparer:
         elif asked.json is not None:  # response_format: the whole reply held to its schema
             sampling = attrs.evolve(sampling, json_schema=asked.json)
         stop = params.stop_strings(req) + tools.stop
-        cls = request_class(request, self.config, req.superfluid)  # the header is validated also when overridden
+        named = getattr(req, "model", None) or model
+        # the header is validated also when overridden
+        cls = request_class(request, self.config, req.superfluid, otherwise=self.aliases.qos(named))
         if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
             cls = applied_class(request, self.config, asked=FIM_CLASS if qos is None else qos)
         note_class(request, cls)

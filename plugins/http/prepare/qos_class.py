@@ -23,11 +23,12 @@ def body_class(ext, config) -> str | None:
     return ext.qos if OPTIONS.of(config).http_qos_header else None
 
 
-def request_class(request, config, ext=None) -> str:
+def request_class(request, config, ext=None, otherwise: str | None = None) -> str:
     """The QoS class a request gets: its body's ``superfluid.qos`` (``ext``) or the header's, if
-    honoured, else the default; with a key policy the key's class is both the default and the
-    ceiling (see :func:`..keys.auth.applied_class`)."""
-    return applied_class(request, config, asked=body_class(ext, config))
+    honoured, else ``otherwise`` (the class of the model alias it named), else the default; with
+    a key policy the key's class is both the default and the ceiling (see
+    :func:`..keys.auth.applied_class`)."""
+    return applied_class(request, config, asked=body_class(ext, config), otherwise=otherwise)
 
 
 def batch_invariant(request, config) -> bool:
