@@ -16,6 +16,7 @@ from .errors import json_errors
 from .events.hub import EventHub
 from .events.key_tally import TeeMetrics
 from .events.routes import EventsRoutes
+from .info.route_metrics import count_by_route
 from .info.routes import InfoRoutes
 from .input_limits import LIMITS, Limits, guard
 from .keys import auth
@@ -38,7 +39,9 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     which hears no ticks unless registered)."""
     # json_errors outermost, so authentication's 401s and 403s leave as OpenAI-style bodies
     limits = Limits.from_config(config)  # --max-body-mb and the other input limits
-    app = web.Application(middlewares=[json_errors, auth.middleware(keys, config)], client_max_size=limits.max_body_bytes)
+    # count_by_route outside them all: /metrics counts the status that left, whoever made it
+    app = web.Application(middlewares=[count_by_route, json_errors, auth.middleware(keys, config)],
+                          client_max_size=limits.max_body_bytes)
     app[LIMITS] = limits
     app.on_response_prepare.append(auth.qos_header(config))
     served = list(daemon.models) or [m.name for m in getattr(config, "models", ())]

@@ -11,6 +11,8 @@ from .model_server_metrics import ModelServerGauges
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0)
 # what authentication and the key limits add to a request: tens of microseconds (10 µs … 10 ms), 1 ms the bound
 AUTH_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
+# a whole request, from its handler's start to its response's end (a stream: to its last event)
+REQUEST_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class Metrics:
@@ -98,6 +100,13 @@ class Metrics:
                                       "authentication and its key's limits (identify, class ceiling, "
                                       "limiter admit + release + headers), summed per request",
                                       buckets=AUTH_BUCKETS, registry=r)
+        # per route (its pattern, e.g. /v1/sessions/{sid}/turns, so ids do not make new series)
+        self.http_requests = Counter("superfluid_http_requests", "HTTP requests answered, by route "
+                                     "pattern, method and status (499: the client left)",
+                                     ["route", "method", "status"], registry=r)
+        self.http_seconds = Histogram("superfluid_http_request_seconds", "HTTP request duration by route "
+                                      "pattern, to the response's end", ["route"], buckets=REQUEST_BUCKETS,
+                                      registry=r)
         # the model-server protocol's gauges (queued, running, KV use, cache layout), read at scrape
         # time for Kubernetes' inference gateway: model_server_metrics.py
         self.model_server = ModelServerGauges()
@@ -203,6 +212,10 @@ class Metrics:
 
     def auth_timed(self, seconds: float) -> None:
         self.auth_seconds.observe(seconds)
+
+    def http_answered(self, route: str, method: str, status: int, seconds: float) -> None:
+        self._child(self.http_requests, route, method, str(status)).inc()
+        self._child(self.http_seconds, route).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
