@@ -57,6 +57,9 @@ class Session:
     pinned_by: object | None = attrs.field(default=None, repr=False)
     window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
     owner: str | None = None  # the name of the API key that opened it (an opaque string; None: no policy)
+    # turn number (1-based) → what the front end that ran the turn keeps with it (the Responses
+    # API's stored response object), logged with the turn so it survives a restart
+    extras: dict[int, dict] = attrs.field(factory=dict)
 
     @property
     def anchor(self) -> int:
@@ -152,12 +155,22 @@ class SessionStore:
             raise SessionNotFound(f"No session with id {sid!r}", param="session_id")
         return session
 
-    def record_turn(self, session: Session, new: list[dict], reply: dict, prompt_tokens: list[int]) -> None:
+    def record_turn(self, session: Session, new: list[dict], reply: dict, prompt_tokens: list[int],
+                    extra: dict | None = None) -> None:
+        """Append a finished turn; ``extra``: what its front end keeps with it (:attr:`Session.extras`)."""
         session.messages.extend(new)
         session.messages.append(reply)
         session.turns += 1
         session.prompt_tokens = list(prompt_tokens)
-        self._append(session, {"op": "turn", "n": session.turns, "messages": new, "reply": reply})
+        record = {"op": "turn", "n": session.turns, "messages": new, "reply": reply}
+        if extra is not None:
+            session.extras[session.turns] = record["extra"] = extra
+        self._append(session, record)
+
+    def forget_extra(self, session: Session, n: int) -> None:
+        """Drop what a front end kept with turn ``n`` (a deleted response); the turn itself stays."""
+        if session.extras.pop(n, None) is not None:
+            self._append(session, {"op": "forget", "n": n})
 
     def drop_before(self, session: Session, index: int) -> None:
         """Leave messages before ``index`` (bar the anchor) out of later prompts; the log and
@@ -262,6 +275,10 @@ def _replay(path: Path) -> Session | None:
                     session.messages.extend(rec["messages"])
                     session.messages.append(rec["reply"])
                     session.turns += 1
+                    if isinstance(rec.get("extra"), dict):
+                        session.extras[session.turns] = rec["extra"]
+                elif op == "forget":
+                    session.extras.pop(rec["n"], None)
                 elif op == "qos":
                     session.qos = rec["qos"]
                 elif op == "window":

@@ -102,20 +102,12 @@ class SessionRoutes:
         session = self._usable(request, request.match_info["sid"], idle=True)
         turn = await read_as(request, SessionTurnRequest)
         runtime = self.daemon.get(session.model)
-        self._pin(session, runtime)
-        if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
-            # restored instead of prefilled (again after a reload: the old host tier is gone)
-            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
-                session.artifact_adopted_by = runtime.loop
-        self.store.resumed(session)
-        await self._fit(session, runtime, turn)
+        self.resume(session, runtime)
+        await self.fit(session, runtime, turn)
         full = with_history(turn, session.history())
 
         def record(text: str, event, prompt_tokens: list[int], parsed) -> None:
-            reply = {"role": "assistant", "content": text}
-            if parsed is not None and parsed.calls:  # the same call ids the client was given
-                reply = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
-            self.store.record_turn(session, stored(turn.messages), reply, prompt_tokens)
+            self.store.record_turn(session, stored(turn.messages), reply_message(text, parsed), prompt_tokens)
 
         session.busy = True
         try:
@@ -123,13 +115,31 @@ class SessionRoutes:
         finally:
             session.busy = False
 
-    async def _fit(self, session, runtime, turn: SessionTurnRequest) -> None:
+    def resume(self, session, runtime) -> None:
+        """Ready a session for a turn on ``runtime``: its system prompt pinned, its park artifact
+        taken into the host tier (restored instead of prefilled), a parked session open again."""
+        self._pin(session, runtime)
+        if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
+            # restored instead of prefilled (again after a reload: the old host tier is gone)
+            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
+                session.artifact_adopted_by = runtime.loop
+        self.store.resumed(session)
+
+    async def fit(self, session, runtime, turn, overflow: str | None = None, build=None) -> None:
         """--session-overflow truncate: when the history and this turn's new messages leave no room
         for the reply (``max_tokens``, else an eighth of the context), leave the oldest messages
         out of the prompt (the system prompt and the first user message stay) until the prompt
-        fills at most half the context. If nothing fits, the turn fails as a chat would (400)."""
-        if CORE_OPTIONS.of(self.config).session_overflow != "truncate" or not session.messages:
+        fills at most half the context. If nothing fits, the turn fails as a chat would (400).
+        ``overflow`` stands in for --session-overflow; ``build(start)``: the turn's whole chat
+        request with the history from window start ``start`` (default: the history, then the
+        turn's messages), for a front end whose prompt holds more (the Responses API's
+        instructions)."""
+        overflow = overflow if overflow is not None else CORE_OPTIONS.of(self.config).session_overflow
+        if overflow != "truncate" or not session.messages:
             return
+        if build is None:
+            def build(start):
+                return with_history(turn, session.history(start))
         ctx = runtime.loop.settings.context_length
         asked = turn.max_completion_tokens if turn.max_completion_tokens is not None else turn.max_tokens
         reserve = asked if asked is not None and asked < ctx else ctx // 8
@@ -138,8 +148,7 @@ class SessionRoutes:
 
         def length(start: int | None) -> int:
             if start not in lengths:
-                lengths[start] = self.openai.preparer.chat_prompt_length(
-                    with_history(turn, session.history(start)), session.model)
+                lengths[start] = self.openai.preparer.chat_prompt_length(build(start), session.model)
             return lengths[start]
 
         before = await loop.run_in_executor(None, length, None)
@@ -186,6 +195,14 @@ def stored(messages: list[ChatMessage]) -> list[dict]:
     """Messages as a session keeps them (and shows them): what the client sent of the fields
     the server reads."""
     return [m.model_dump(exclude_unset=True, by_alias=True) for m in messages]
+
+
+def reply_message(text: str, parsed) -> dict:
+    """A turn's reply as the session keeps it: the text, or with tool calls (the same call ids
+    the client was given) the content outside them and the calls."""
+    if parsed is not None and parsed.calls:
+        return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
+    return {"role": "assistant", "content": text}
 
 
 def with_history(turn: SessionTurnRequest, history: list[dict]) -> SessionTurnRequest:
