@@ -27,6 +27,7 @@ from .openai.embeddings import EmbeddingRoutes
 from .openai.routes import OpenAIRoutes
 from .openai.tokenize import TokenizeRoutes
 from .options import OPTIONS
+from .responses.routes import ResponsesRoutes
 
 log = logging.getLogger("superfluid.http")
 
@@ -49,6 +50,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     openai = OpenAIRoutes(daemon, config, catchup, aliases)
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
+    ResponsesRoutes(daemon, config, openai).add_to(app)  # /v1/responses: OpenAI's Responses API (Codex)
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
     EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
     TokenizeRoutes(daemon).add_to(app)

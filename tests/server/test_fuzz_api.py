@@ -75,15 +75,19 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
             for body in ({}, {"system": "Be brief.", "pin_system": True}, {"qos": "background"})]
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest",
-                 "EmbeddingRequest", "TokenizeRequest", "DetokenizeRequest"):
+                 "EmbeddingRequest", "TokenizeRequest", "DetokenizeRequest", "ResponsesRequest",
+                 "ResponsesInputTokensRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "", "no-such-model"],
                                                 "nullable": True}
     if bounded:
-        for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionTurnRequest"):
-            for key in ("max_tokens", "max_completion_tokens", "n_predict"):
+        for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionTurnRequest",
+                     "ResponsesRequest"):
+            for key in ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens"):
                 if key in schemas[name]["properties"]:
                     schemas[name]["properties"][key] = {"type": "integer", "minimum": 1, "maximum": 8,
                                                         "nullable": True}
+        # a response needs something to answer (the schema cannot say "input or instructions")
+        schemas["ResponsesRequest"]["required"] = ["input"]
         for variant in schemas["EmbeddingRequest"]["properties"]["input"]["anyOf"]:
             if variant["type"] == "array":  # a few inputs per request, each a lane
                 variant["maxItems"] = min(variant.get("maxItems", 8), 8)

@@ -16,12 +16,13 @@ from ..manage.protocol import (LoadRequest, SessionCreateRequest, SessionQosRequ
 from ..openai.chat_protocol import ChatCompletionRequest
 from ..openai.protocol import (CompletionRequest, DetokenizeRequest, EmbeddingRequest, InfillRequest,
                                TokenizeRequest)
+from ..responses.protocol import ResponsesInputTokensRequest, ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 # each route's body, by the component name the route table refers to (the class's own name)
 REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest,
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
-            LoadRequest)
+            LoadRequest, ResponsesRequest, ResponsesInputTokensRequest)
 
 
 def openapi30(node):
