@@ -199,9 +199,10 @@ def test_input_tokens_equals_usage_input_tokens(client):
 def test_previous_response_id_sends_and_prefills_only_the_new_items(srv, client):
     turns, prefilled = [], []
     previous = None
-    for text in ("What are the opening hours?", "And on Sundays?", "Thank you, goodbye."):
+    for text, truncation in (("What are the opening hours?", "disabled"), ("And on Sundays?", "disabled"),
+                             ("Thank you, goodbye.", "auto")):  # auto: measured against the context, not cut
         before = prefill_total(srv)
-        reply = client.responses.create(model="smollm2", instructions=INSTRUCTIONS, input=text,
+        reply = client.responses.create(model="smollm2", instructions=INSTRUCTIONS, input=text, truncation=truncation,
                                         previous_response_id=previous, max_output_tokens=10, temperature=0)
         prefilled.append(prefill_total(srv) - before)
         turns.append(reply)
