@@ -225,6 +225,7 @@ class LaneEvent:
     prompt_logprobs: tuple = ()   # "scored", "finished": a scored prompt's TokenLogprob per position from 1 on
     embedding: tuple = ()         # "finished", an embedding lane: its pooled, L2-normalised embedding
     finish_reason: str | None = None
+    stop_string: str | None = None  # "finished" with "stop": the stop string that ended it (None: end of generation)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

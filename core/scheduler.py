@@ -263,7 +263,7 @@ class Scheduler:
         if tail:
             self._emit(lane, LaneEvent("delta", lane.id, text=tail))
         self._end(lane, state, reason, keep_kv=True)
-        self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason,
+        self._emit(lane, LaneEvent("finished", lane.id, finish_reason=reason, stop_string=lane.text.stop_string,
                                    prompt_tokens=lane.n_prompt, completion_tokens=lane.n_output,
                                    cached_tokens=min(lane.n_reused, lane.n_prompt),
                                    prompt_logprobs=prompt_scores(lane), embedding=embedding(lane),

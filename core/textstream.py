@@ -20,6 +20,7 @@ class TextStream:
         self._pending = ""  # decoded text not yet released (could start a stop string)
         self.text = ""      # everything released so far
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text, once one did
 
     def push(self, token: int) -> str:
         """Add one token; return the text that is now safe to release ("" if none)."""
@@ -40,6 +41,7 @@ class TextStream:
         if self._stop:
             hit = self._first_stop(self._pending)
             if hit is not None:
+                self.stop_string = next(st for st in self._stop if self._pending.startswith(st, hit))
                 out = self._pending[:hit]
                 self._pending = ""
                 self.stopped = True

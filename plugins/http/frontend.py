@@ -11,6 +11,7 @@ from aiohttp import web
 from superfluid.core.config import CORE_OPTIONS
 
 from .aliases import ALIASES, Aliases
+from .anthropic.routes import AnthropicRoutes
 from .catchup import LoopCatchup
 from .errors import json_errors
 from .events.hub import EventHub
@@ -51,6 +52,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     openai.add_to(app)
     SessionRoutes(daemon, config, openai).add_to(app)
     ResponsesRoutes(daemon, config, openai).add_to(app)  # /v1/responses: OpenAI's Responses API (Codex)
+    AnthropicRoutes(daemon, config, openai).add_to(app)  # /v1/messages: Anthropic's Messages API (Claude Code)
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
     EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
     TokenizeRoutes(daemon).add_to(app)

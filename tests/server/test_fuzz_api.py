@@ -76,16 +76,16 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest",
                  "EmbeddingRequest", "TokenizeRequest", "DetokenizeRequest", "ResponsesRequest",
-                 "ResponsesInputTokensRequest"):
+                 "ResponsesInputTokensRequest", "MessagesRequest", "CountTokensRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "", "no-such-model"],
                                                 "nullable": True}
     if bounded:
         for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionTurnRequest",
-                     "ResponsesRequest"):
+                     "ResponsesRequest", "MessagesRequest"):
             for key in ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens"):
                 if key in schemas[name]["properties"]:
                     schemas[name]["properties"][key] = {"type": "integer", "minimum": 1, "maximum": 8,
-                                                        "nullable": True}
+                                                        "nullable": key not in schemas[name].get("required", ())}
         # a response needs something to answer (the schema cannot say "input or instructions")
         schemas["ResponsesRequest"]["required"] = ["input"]
         for variant in schemas["EmbeddingRequest"]["properties"]["input"]["anyOf"]:
@@ -131,7 +131,8 @@ def test_fuzz_api(fuzz_server):
                 code = ""
                 if response.status_code >= 400:
                     try:
-                        code = " " + str(response.json()["error"]["code"])
+                        error = response.json()["error"]
+                        code = " " + str(error.get("code", error.get("type")))  # Anthropic's errors: a type
                     except Exception:
                         code = " ?"
                 tally.by_op[label][f"{response.status_code}{code}"] += 1

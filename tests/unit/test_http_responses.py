@@ -21,7 +21,7 @@ def test_chat_whole_with_calls_and_timings():
     assert list(got) == ["id", "object", "created", "model", "choices", "usage", "timings"]
     assert got["id"].startswith("chatcmpl-") and got["object"] == "chat.completion"
     assert got["choices"] == [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                               "logprobs": None, "finish_reason": "tool_calls"}]
+                               "logprobs": None, "finish_reason": "tool_calls", "stop_reason": None}]
     assert got["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
                             "prompt_tokens_details": {"cached_tokens": 2}}
     assert got["timings"] == {"queued_ms": 500.0, "ttft_ms": 1000.0, "prompt_n": 5, "prompt_ms": 500.0,

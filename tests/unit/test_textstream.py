@@ -86,8 +86,16 @@ def test_stop_string_spanning_tokens_cuts_before_it():
 def test_stop_string_inside_one_token_cuts_text_before_it():
     table = {1: b"abcSTOPdef"}
     ts = TextStream(table.__getitem__, ("STOP",))
+    assert ts.stop_string is None
     assert ts.push(1) == "abc"
     assert ts.stopped
+
+
+def test_the_stop_string_that_matched_first_is_named():
+    table = {1: b"ab END x HALT"}
+    ts = TextStream(table.__getitem__, ("HALT", "END"))
+    assert ts.push(1) == "ab "
+    assert ts.stop_string == "END"  # the earliest in the text, not the first listed
 
 
 def test_text_after_stop_in_same_token_is_dropped():

@@ -13,6 +13,7 @@ from .openapi_requests import request_schemas
 from .openapi_responses import CONTENT_REPLY, MODEL_STATE, SSE_EVENT, response_schemas
 from .openapi_ops import BODY, ERRORS, GENERATE, INVARIANT_HEADER, NAME, QOS_HEADER, SESSION_ERRORS, SID, op
 from .openapi_schema import BOOL, json_body, obj, ref, string
+from ..anthropic.openapi import paths as anthropic_paths
 from ..responses.openapi import paths as responses_paths
 
 OPENAPI_VERSION = "3.0.3"
@@ -120,6 +121,7 @@ def _paths() -> dict:
             errors=BODY, body=ref("LoadRequest"), body_required=False, parameters=[NAME],
             op_id="loadModel")},
         **responses_paths(),  # /v1/responses… (responses/openapi.py)
+        **anthropic_paths(),  # /v1/messages… (anthropic/openapi.py)
     }
 
 

@@ -16,13 +16,14 @@ from ..manage.protocol import (LoadRequest, SessionCreateRequest, SessionQosRequ
 from ..openai.chat_protocol import ChatCompletionRequest
 from ..openai.protocol import (CompletionRequest, DetokenizeRequest, EmbeddingRequest, InfillRequest,
                                TokenizeRequest)
+from ..anthropic.protocol import CountTokensRequest, MessagesRequest
 from ..responses.protocol import ResponsesInputTokensRequest, ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 # each route's body, by the component name the route table refers to (the class's own name)
 REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest,
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
-            LoadRequest, ResponsesRequest, ResponsesInputTokensRequest)
+            LoadRequest, ResponsesRequest, ResponsesInputTokensRequest, MessagesRequest, CountTokensRequest)
 
 
 def openapi30(node):

@@ -13,6 +13,7 @@ _MS = nullable({"type": "number"})
 _TIMINGS = obj({"queued_ms": _MS, "ttft_ms": _MS, "prompt_n": integer(0), "prompt_ms": _MS,
                 "predicted_n": integer(0), "predicted_ms": _MS})
 _FINISH = nullable(string(description="stop, length, tool_calls, …"))
+_STOP_REASON = nullable(string(description="the stop string that ended the reply (null: end of generation or another reason)"))
 
 
 def _completion_envelope(name: str, choice: dict) -> dict:
@@ -25,10 +26,12 @@ def _completion_envelope(name: str, choice: dict) -> dict:
 _ASSISTANT = obj({"role": string(enum=["assistant"]), "content": nullable(string()),
                   "tool_calls": {"type": "array", "items": ref("ToolCall")}}, required=("role",))
 _CHAT_COMPLETION = _completion_envelope("chat.completion", obj(
-    {"index": integer(0), "message": _ASSISTANT, "logprobs": nullable({}), "finish_reason": _FINISH},
+    {"index": integer(0), "message": _ASSISTANT, "logprobs": nullable({}), "finish_reason": _FINISH,
+     "stop_reason": _STOP_REASON},
     required=("index", "message", "finish_reason")))
 _TEXT_COMPLETION = _completion_envelope("text_completion", obj(
-    {"index": integer(0), "text": string(), "logprobs": nullable({}), "finish_reason": _FINISH},
+    {"index": integer(0), "text": string(), "logprobs": nullable({}), "finish_reason": _FINISH,
+     "stop_reason": _STOP_REASON},
     required=("index", "text", "finish_reason")))
 _INFILL = obj({"content": string(), "model": string(), "stop": BOOL, "finish_reason": _FINISH,
                "tokens_predicted": integer(0), "tokens_evaluated": integer(0), "usage": ref("Usage")},

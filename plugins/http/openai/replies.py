@@ -90,7 +90,8 @@ class Shape:
     def choice(self, text: str, event, parsed: Parsed | None = None, *, index: int = 0,
                logprobs: dict | None = None) -> dict:
         """One choice of a reply sent whole; ``parsed``: the reply split into content and calls
-        (tools were offered)."""
+        (tools were offered). ``stop_reason`` is the stop string that ended it, or null (vLLM's
+        field; Anthropic's ``stop_sequence`` is read from it)."""
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
             finish = event.finish_reason
@@ -98,8 +99,10 @@ class Shape:
                 message["content"], finish = parsed.content, parsed.finish_reason
                 if parsed.calls:
                     message["tool_calls"] = parsed.calls
-            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                    "stop_reason": event.stop_string}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": event.finish_reason,
+                "stop_reason": event.stop_string}
 
     def whole(self, text: str, event, parsed: Parsed | None = None, *, logprobs: dict | None = None) -> dict:
         """The body of a one-choice reply sent whole."""
@@ -134,6 +137,8 @@ class Shape:
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None and event is not None:
+            choice["stop_reason"] = event.stop_string  # the stop string that ended it (vLLM's field)
         return self._envelope([choice], chunk=True)
 
     def usage_chunk(self, events) -> dict:
