@@ -39,7 +39,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     ``keys``: the key policy (None: no keys, /admin for loopback clients only); ``events``: the
     hub behind /events, fed by the scheduler hooks it is registered for (None: a hub of its own,
     which hears no ticks unless registered)."""
-    # json_errors outermost, so authentication's 401s and 403s leave as OpenAI-style bodies
+    # json_errors outside authentication, so its 401s and 403s leave as JSON bodies in the API's shape
     limits = Limits.from_config(config)  # --max-body-mb and the other input limits
     # count_by_route outside them all: /metrics counts the status that left, whoever made it
     app = web.Application(middlewares=[count_by_route, json_errors, auth.middleware(keys, config)],

@@ -144,17 +144,17 @@ class MessagesRequest(MessagesInput):
         description="a ceiling: cut to what the context leaves after the prompt")
     stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=64)] | None = None
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     stream: bool | None = False
     metadata: Metadata | None = None
     service_tier: str | None = Field(None, description=f"{IGNORED}: QoS classes (x-superfluid-qos) play this part")
-    container: Any = Field(None, description=f"{IGNORED}: no code-execution container")
+    container: dict[str, Any] | str | None = Field(None, description=f"{IGNORED}: no code-execution container")
     inference_geo: str | None = Field(None, description=f"{IGNORED}: one server, one place")
     speed: str | None = Field(None, description=f"{IGNORED}: QoS classes decide what runs first")
     cache_control: dict[str, Any] | None = Field(
         None, description=f"{IGNORED}: every prompt's prefix is cached by its tokens, automatically")
-    diagnostics: Any = Field(None, description=f"{IGNORED}: the server's own timings are in /metrics and its log")
+    diagnostics: dict[str, Any] | None = Field(None, description=f"{IGNORED}: the server's own timings are in /metrics and its log")
     user_profile_id: str | None = Field(None, description=f"{IGNORED}: keys, not profiles, identify clients")
     workspace_id: str | None = Field(None, description=f"{IGNORED}: keys, not workspaces, identify clients")
 
