@@ -2,6 +2,8 @@
 create (sync and async), the streaming helpers, a forced tool and a tool_result loop, stop
 sequences, count_tokens, Anthropic-shaped errors (bad input, over-long prompts, keys), a
 Claude-Code-shaped body, and the billing-header block that must not defeat the prefix cache.
+With them, on the same server: model aliases (served by their model at their class on every
+API, listed with the context window) and /metrics' per-route counts.
 
 One server for the module (a key policy with one key, /metrics open), short replies."""
 
@@ -33,7 +35,7 @@ def srv(start_server, tmp_path_factory):
     policy = tmp_path_factory.mktemp("anthropic-keys") / "keys.toml"
     policy.write_text(POLICY)
     return start_server("--key-policy", str(policy), "--http-open-probes", "--max-batch", "4",
-                        "--model-alias", "claude-haiku=smollm2@background")
+                        "--model-alias", "claude-haiku=smollm2@background", "--model-alias", "plain=smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +193,49 @@ def test_side_requests_run_at_the_alias_class(client):
     assert reply.parse().model == "claude-haiku"
 
 
-def test_models_lists_the_alias(srv):
-    listed = {m["id"] for m in srv.get_json("/v1/models")["data"]}
-    assert {"smollm2", "claude-haiku"} <= listed
+def chat(srv, model, headers=None):
+    body = {"model": model, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}",
+                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def test_models_lists_aliases_with_the_context_window(srv):
+    listed = {m["id"]: m for m in srv.get_json("/v1/models")["data"]}
+    assert set(listed) == {"smollm2", "claude-haiku", "plain"}
+    for entry in listed.values():
+        assert entry["context_length"] == entry["context_window"] == entry["max_input_tokens"] == 2048
+    alias = listed["claude-haiku"]["meta"]
+    assert alias["alias_of"] == "smollm2" and alias["qos"] == "background"
+
+
+def test_an_alias_runs_on_its_model_at_its_class_on_every_api(srv):
+    status, body, headers = chat(srv, "claude-haiku")
+    assert status == 200 and headers["x-superfluid-qos"] == "background", body
+    status, body, headers = chat(srv, "plain")
+    assert status == 200 and headers["x-superfluid-qos"] == "agent"  # no class of its own: the default
+    status, body, headers = chat(srv, "claude-haiku", {"x-superfluid-qos": "agent"})
+    assert status == 200 and headers["x-superfluid-qos"] == "agent"  # what the request asks wins (within the key's class)
+
+
+def test_metrics_count_requests_by_route_pattern_and_status(srv):
+    def count(route, status, method="POST"):
+        key = f'superfluid_http_requests_total{{method="{method}",route="{route}",status="{status}"}}'
+        return srv.metrics().get(key, 0)
+
+    ok, missing = count("/v1/messages", 200), count("/v1/chat/completions", 404)
+    raw(srv, {"model": "smollm2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    chat(srv, "nope")
+    assert count("/v1/messages", 200) == ok + 1
+    assert count("/v1/chat/completions", 404) == missing + 1
+    nowhere = count("(no route)", 404, "GET")
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(urllib.request.Request(srv.base + "/v1/no-such-route",
+                                                      headers={"Authorization": f"Bearer {KEY}"}), timeout=10)
+    assert count("(no route)", 404, "GET") == nowhere + 1
+    assert "no route serves this path" in srv.log()
