@@ -124,6 +124,16 @@ def test_the_prompt_against_the_context_is_the_schedulers_check():
     assert max_tokens(None, "max_tokens", False, 3, 64) == 16 and max_tokens(None, "max_tokens", True, 3, 64) == 61
 
 
+def test_a_ceiling_is_cut_to_the_context_and_the_keys_cap_instead_of_refused():
+    # Anthropic's max_tokens (Claude Code asks 32000 of any model): cut, never a 400
+    assert max_tokens(32000, "max_tokens", True, 100, 8192, ceiling=True) == 8092
+    assert max_tokens(32000, "max_tokens", True, 100, 8192, cap=256, ceiling=True) == 256
+    with pytest.raises(InvalidRequest):  # OpenAI's: asking over the key's cap is a 400
+        max_tokens(32000, "max_tokens", True, 100, 8192, cap=256)
+    with pytest.raises(ContextLengthExceeded):
+        max_tokens(32000, "max_tokens", True, 100, 8192)
+
+
 def test_the_qos_header_is_validated_also_when_a_session_overrides_it():
     prep, _, _ = prepare({"messages": ASK}, headers={"x-superfluid-qos": "interactive"})
     assert prep.request.qos == "interactive"

@@ -67,14 +67,16 @@ def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int,
     a 400 naming the field (a client told it was clamped could not tell a short reply from a cut
     one); the default is clamped to it. ``echo`` (a completion's): 0 is allowed, to score the
     prompt only (what lm-evaluation-harness sends). ``ceiling``: the asked value is a ceiling cut
-    to what the context leaves (Anthropic's ``max_tokens``: Claude Code asks 32000 of any model),
-    not a demand refused when the context cannot hold it."""
+    to what the context leaves and to the key's cap (Anthropic's ``max_tokens``: Claude Code asks
+    32000 of any model), not a demand refused when the context or the key cannot grant it."""
     value = asked
     if value is not None and value < 1 and not echo:
         raise InvalidRequest(f"{key} must be at least 1, got {value} (0 only with echo)", param=key,
                              code="invalid_value")
     if value == 0:
         return 0
+    if ceiling and cap and value is not None:
+        value = min(value, cap)  # a ceiling meets the key's cap: cut to it, as to the context
     if cap and value is not None and value > cap:
         raise InvalidRequest(f"{key} is {value}, but this API key may ask for at most {cap} tokens per reply",
                              param=key, code="max_tokens_exceeded")
