@@ -27,9 +27,9 @@ import uuid
 
 from aiohttp import web
 
-from superfluid.core.errors import InvalidRequest, SuperfluidError
+from superfluid.core.errors import InvalidRequest
 
-from ..openai.replies import status_of
+from ..openai.replies import error_body, status_of
 from ..wire import Wire
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
@@ -121,8 +121,7 @@ class AnthropicWire(Wire):
 
     def error(self, exc: BaseException | None) -> web.StreamResponse:
         status = status_of(exc)
-        body = exc.to_body() if isinstance(exc, SuperfluidError) else {"error": {"message": f"generation failed: {exc}"}}
-        return web.json_response(anthropic_error(status, body), status=status)
+        return web.json_response(anthropic_error(status, error_body(exc)), status=status)
 
     # ---- a stream ---------------------------------------------------------------------------
 
@@ -187,9 +186,7 @@ class AnthropicWire(Wire):
         return out
 
     def stream_error(self, exc: BaseException | None) -> list[bytes]:
-        status = status_of(exc)
-        body = exc.to_body() if isinstance(exc, SuperfluidError) else {"error": {"message": f"generation failed: {exc}"}}
-        return [self._event("error", anthropic_error(status, body))]
+        return [self._event("error", anthropic_error(status_of(exc), error_body(exc)))]
 
     def ping(self) -> bytes:
         return self._event("ping", {"type": "ping"})
