@@ -9,6 +9,7 @@ from typing import Callable
 import attrs
 
 from .errors import ConfigError
+from .media import VisionInfo
 from .tick import TickPlan, TickResult
 
 
@@ -32,6 +33,7 @@ class EngineCapabilities:
     logit_bias: bool = False    # honours SamplingParams.logit_bias
     embeddings: bool = False    # runs embedding lanes (Request.embed, LanePlan.embed)
     generates: bool = True      # False: an embedding-only model, which samples nothing
+    vision: bool = False        # takes images: feeds LanePlan.media rows; ModelInfo.vision says how they are laid out
     # A step costs more the wider the range of slot ids its lanes span (llama.cpp's per-sequence
     # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
     # so the KV manager keeps busy lanes in neighbouring slots.
@@ -58,6 +60,7 @@ class ModelInfo:
     n_vocab: int = 0
     n_ctx_train: int = 0
     n_embd: int = 0  # the width of an embedding (the model's hidden size)
+    vision: VisionInfo | None = None  # how an image enters a prompt (a model that takes images)
 
 
 class Engine(abc.ABC):

@@ -101,7 +101,7 @@ class Lane:
     @property
     def pinned(self) -> bool:
         """Never preempted: it must tick alone, or it holds media."""
-        return self.request.batch_invariant or self.request.media
+        return self.request.batch_invariant or bool(self.request.media)
 
     @property
     def active(self) -> bool:

@@ -102,12 +102,24 @@ class ModelLoop:
             raise InvalidRequest(f"model {self.name!r} is embedding-only (embedding-only = true): use "
                                  "/v1/embeddings", code="model_not_generative", param="model")
 
+    def check_takes_images(self, param: str = "messages") -> None:
+        """Images sent to a model whose engine takes none (a text-only model, or a vision model
+        loaded without its vision half), as a 400 that says so."""
+        if not getattr(self.engine.capabilities, "vision", False) or self.engine.info.vision is None:
+            raise InvalidRequest(f"model {self.name!r} is text-only: it takes no images (serve a vision model with "
+                                 "its mmproj to send images)", code="model_not_multimodal", param=param)
+
     def _check_kind(self, request: Request) -> None:
         """What this model cannot serve, whatever front end sent it, as a 400: an embedding where
         its engine computes none, a generation from an embedding-only model, a constraint that
         cannot be enforced (refused, never sampled freely). Front ends leave these to this one
         check; ``request.meta["constraint_param"]`` names the field a constraint came from."""
         self.check_serves(embed=request.embed)
+        if request.media:
+            self.check_takes_images(param=request.meta.get("media_param", "messages"))
+            if request.embed or request.prompt_logprobs is not None:
+                raise InvalidRequest("images may not be scored or embedded, only generated from",
+                                     code="unsupported_value", param=request.meta.get("media_param", "messages"))
         if request.sampling.constrained:
             try:
                 check_constraint(request.sampling)

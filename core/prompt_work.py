@@ -11,11 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from .lane import Lane
+from .media import spans_within
 from .tick import LanePlan, LaneResult, TickPlan
 
 
 def annotate(plan: TickPlan, lanes: list[Lane]) -> None:
-    """Give each prompt-scoring or embedding lane's plan what its engine needs for that."""
+    """Give each prompt-scoring or embedding lane's plan what its engine needs for that, and
+    each feed that holds image rows the images (binding the media: the engine encodes an image
+    the first time its rows are fed, and keeps the rows by content hash)."""
+    _bind_media(plan, lanes)
     by_slot = {lane.slot: lane for lane in lanes if lane.request.embed or lane.request.prompt_logprobs is not None}
     if not by_slot:  # the usual tick: nothing to add
         return
@@ -29,6 +33,20 @@ def annotate(plan: TickPlan, lanes: list[Lane]) -> None:
         if req.prompt_logprobs is not None and lp.pos < lane.n_prompt:
             lp.targets = lane.tokens[lp.pos + 1:min(lp.pos + len(lp.feed) + 1, lane.n_prompt)]
             lp.score_top = req.prompt_logprobs
+
+
+def _bind_media(plan: TickPlan, lanes: list[Lane]) -> None:
+    with_media = {lane.slot: lane for lane in lanes if lane.request.media}
+    if not with_media:
+        return
+    for lp in plan.lanes:
+        lane = with_media.get(lp.slot)
+        if lane is None:
+            continue
+        if not lp.decode and lp.feed:
+            lp.media = spans_within(lane.request.media, lp.pos, lp.pos + len(lp.feed))
+        if lp.history:  # image rows are no tokens a fresh sampler could have seen
+            lp.history = [t for t in lp.history if t >= 0]
 
 
 def collect(lane: Lane, lp: LanePlan, res: LaneResult) -> None:

@@ -8,6 +8,7 @@ from typing import Callable
 
 import attrs
 
+from .media import MediaSpan
 from .qos import DEFAULT_CLASS
 
 _ids = itertools.count(1)
@@ -123,7 +124,9 @@ class Request:
     ignore_eos: bool = False
     qos: str = DEFAULT_CLASS
     batch_invariant: bool = False
-    media: bool = False  # bound media (images, audio): never preempted
+    # the images the prompt holds, at the positions they fill (their placeholders in
+    # ``prompt_tokens``, see core/media.py); a lane with media is never preempted
+    media: tuple[MediaSpan, ...] = ()
     start_deadline: float | None = None  # monotonic time by which it must be admitted, or fail
     reuse_prefix: bool = True  # may be seeded from the prefix cache (llama.cpp's cache_prompt)
     streamed: bool = False  # the client reads the text as it is committed (not only the whole reply)

@@ -213,7 +213,8 @@ class Scheduler:
             evictions=evictions, host_entries=len(kv.host), host_bytes=kv.host.bytes,
             pressure=self.pressure, pool_rejections=rejections,
             drafted_tokens=sum(s.drafted for s in result.steps), accepted_tokens=sum(s.accepted for s in result.steps),
-            verify_steps=sum(1 for s in result.steps if s.drafted), cache_events=kv.take_cache_events())
+            verify_steps=sum(1 for s in result.steps if s.drafted), images_encoded=result.encoded,
+            cache_events=kv.take_cache_events())
 
     def _commit_tokens(self, lane: Lane, tokens: list[int], eog: bool, logprobs=()) -> bool:
         """Stream a lane's sampled tokens (with their logprobs, if asked for); True if they

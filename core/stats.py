@@ -48,6 +48,7 @@ class TickStats:
     drafted_tokens: int = 0     # speculative decoding: tokens drafted for verification this tick
     accepted_tokens: int = 0    # of those, the ones the model accepted
     verify_steps: int = 0       # steps that verified at least one draft
+    images_encoded: int = 0     # images the vision encoder ran on (not served from its cache)
     # what the prefix cache stored, removed or cleared since the last tick, in order
     # (core.cache_events.CacheEvent: references to token lists, never copies; the kvevents
     # plugin builds its KV events from them)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from .media import MediaSpan
 from .request import SamplingParams
 
 
@@ -76,6 +77,10 @@ class LanePlan:
     # An embedding lane: the engine adds up the final hidden state of every fed token into
     # ``LaneResult.embedding_sum`` (and ``pooled``: how many), and samples nothing.
     embed: bool = False
+    # The images whose rows the feed holds: a negative feed token is a placeholder
+    # (core/media.py), and the engine feeds the embedding row of the span that covers its position
+    # there instead of a token embedding. Empty for a feed of tokens only.
+    media: tuple[MediaSpan, ...] = ()
 
 
 @attrs.define
@@ -148,6 +153,7 @@ class TickResult:
     stopped_early: bool = False
     seconds: float = 0.0
     kv_used: int = 0
+    encoded: int = 0       # images the engine's vision encoder ran on in this tick (not served from its cache)
     kv_capacity: int = 0
     # The KV pool could not hold the plan's next step (a pool shared by all lanes, smaller than
     # lanes × context): this many tokens were refused. The tick ended there, as when stopped early:

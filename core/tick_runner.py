@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from .media import EncoderCache
 from .stop_flag import StopFlag
 from .tick import LanePlan, LaneResult, TickPlan, TickResult
 
@@ -37,7 +38,8 @@ class Work:
     and calls :meth:`sampled`. A lane is done when its feed is empty."""
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from", "targets", "score_top", "embed", "ends_prompt")
+                 "was_decoding", "replay_from", "targets", "score_top", "embed", "ends_prompt",
+                 "media")
 
     def __init__(self, lp: LanePlan, accept: bool):
         self.slot = lp.slot
@@ -53,6 +55,7 @@ class Work:
         self.targets = list(lp.targets) if lp.targets is not None else None
         self.score_top = lp.score_top
         self.embed = lp.embed
+        self.media = lp.media  # the images whose rows the feed holds (its negative tokens)
         self.ends_prompt = lp.sample  # the feed reaches the end of the lane's tokens
         if lp.embed:
             self.sample = False
@@ -172,6 +175,10 @@ class TickRunner(abc.ABC):
     each :class:`Work` as its docstring says (:meth:`Work.sampled` per sampled token). A step the
     page pool cannot hold raises :class:`PoolFull`; a step the stop flag aborted returns False."""
 
+    #: an engine that takes images sets this to its encoder's cache (see core/media.py): the
+    #: tick reports how many images it encoded
+    media: EncoderCache | None = None
+
     def __init__(self, stop_flag: StopFlag, kv_capacity: int):
         self.stop_flag = stop_flag  # the engine's (a worker engine's is shared with the daemon)
         self.kv_capacity = kv_capacity
@@ -285,6 +292,7 @@ class TickRunner(abc.ABC):
     def run(self, plan: TickPlan) -> TickResult:
         t_start = time.perf_counter()
         result = TickResult()
+        encodes = self.media.encodes if self.media is not None else 0
         for slot, key in plan.park:
             result.parked[key] = self.park(slot, key)
         for path, key in plan.load:
@@ -300,6 +308,8 @@ class TickRunner(abc.ABC):
         for w in work:
             result.lanes[w.slot] = w.result
         result.parked_bytes = self.parked_bytes()
+        if self.media is not None:
+            result.encoded = self.media.encodes - encodes
         result.seconds = time.perf_counter() - t_start
         result.kv_used = self.kv_used({lp.slot for lp in plan.lanes}.union(plan.release))
         result.kv_capacity = self.kv_capacity

@@ -48,6 +48,9 @@ class Metrics:
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8), registry=r)
         self.preemptions = Counter("superfluid_preemptions", "Lanes preempted for a more urgent class",
                                    ["model"], registry=r)
+        self.images_encoded = Counter("superfluid_images_encoded", "Images the vision encoder ran on (an image "
+                                      "already encoded, or whose KV a prefix holds, is not counted again)",
+                                      ["model"], registry=r)
         self.promotions = Counter("superfluid_starvation_promotions",
                                   "Lanes admitted after waiting the starvation bound", ["model"], registry=r)
         self.parked_bytes = Gauge("superfluid_parked_kv_bytes", "KV parked in host memory by preempted lanes",
@@ -169,6 +172,8 @@ class Metrics:
             self._child(self.ttft, model, cls).observe(seconds)
         if stats.preempted:
             self._child(self.preemptions, model).inc(stats.preempted)
+        if stats.images_encoded:
+            self._child(self.images_encoded, model).inc(stats.images_encoded)
         if stats.promoted:
             self._child(self.promotions, model).inc(stats.promoted)
         self._set(self.parked_bytes, (model,), stats.parked_bytes)
