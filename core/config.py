@@ -67,6 +67,8 @@ def core_options() -> list[Option]:
         Option("max-batch", int, 8, "concurrent lanes per model", in_range(1, 256), model_scoped=True, metavar="N"),
         Option("embedding-only", bool, False, "serve the model for /v1/embeddings only: chat and completions "
                "requests for it are refused with a 400", model_scoped=True),
+        Option("mmproj", str, None, "the model's vision half (a llama.cpp mmproj GGUF), so that it takes images; "
+               "default: the one mmproj*.gguf beside the model file, if there is one", model_scoped=True, metavar="PATH"),
         Option("max-context", int, 0, "per-lane context window in tokens (0: the model's, at most 8192)",
                in_range(0, 1 << 20), model_scoped=True, metavar="N"),
         Option("prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 selects the adaptive controller",

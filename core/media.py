@@ -17,6 +17,7 @@ encoding each image once (:class:`EncoderCache`, keyed by the content hash)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 from typing import Callable, Sequence
 
@@ -184,3 +185,18 @@ def leading_tokens(feed: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def find_mmproj(model_path: str, configured: str | None) -> str | None:
+    """The vision half of a GGUF model: ``configured`` (the model's ``mmproj`` option), else the
+    one ``mmproj*.gguf`` beside the model file; None for a text-only model. A configured file
+    that is missing, or several candidates beside the model, are errors."""
+    if configured:
+        if not os.path.isfile(configured):
+            raise FileNotFoundError(f"mmproj file not found: {configured}")
+        return configured
+    folder = os.path.dirname(os.path.abspath(model_path))
+    found = sorted(f for f in os.listdir(folder) if f.lower().startswith("mmproj") and f.lower().endswith(".gguf"))
+    if len(found) > 1:
+        raise FileExistsError(f"several mmproj files beside {model_path} ({', '.join(found)}): set mmproj to one")
+    return os.path.join(folder, found[0]) if found else None
