@@ -7,6 +7,7 @@ import os
 import signal
 from typing import Callable
 
+import attrs
 import psutil
 
 from superfluid.core.config import CORE_OPTIONS
@@ -14,7 +15,9 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError, EngineFailure
 from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerProcess, signal_of
 
-from . import extra_buffers, worker
+from superfluid.core.media import find_mmproj
+
+from . import extra_buffers, vision, worker
 from .options import FLASH_ATTN, OPTIONS
 from superfluid.plugins.vocab.gguf import Vocab
 
@@ -49,7 +52,32 @@ class LlamaCppEngine(WorkerEngine):
             embeddings=True, generates=not core.embedding_only,
             prefix_cache=not self.vocab.recurrent,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
+        self.mmproj = self._vision(model, core.mmproj)
         self.worker = WorkerProcess(model.name)
+
+    def _vision(self, model, configured: str | None) -> str | None:
+        """The mmproj that makes this model take images (set, or found beside the GGUF), with the
+        layout it gives an image; None for a text-only model."""
+        try:
+            mmproj = find_mmproj(self.path, configured)
+        except OSError as exc:
+            raise ConfigError(f"model {model.name!r}: {exc}") from None
+        if mmproj is None:
+            return None
+
+        def token_id(text: str) -> int | None:
+            ids = self.vocab.tokenize(text, add_special=False, parse_special=True)
+            return ids[0] if len(ids) == 1 else None
+
+        try:
+            layout = vision.vision_info(model.name, mmproj, token_id)
+        except ValueError as exc:
+            raise ConfigError(f"model {model.name!r}: {exc}") from None
+        self.info = attrs.evolve(self.info, vision=layout)
+        self.capabilities = attrs.evolve(self.capabilities, vision=True)
+        log.info("model %s: takes images through %s (%s: %d rows an image, %d px tiles)", model.name, mmproj,
+                 layout.family, layout.rows, layout.tile)
+        return mmproj
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         """Start the worker under the extra-buffer decision; if it dies from a signal before it is
@@ -92,7 +120,8 @@ class LlamaCppEngine(WorkerEngine):
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes,
                                  max_context=self.max_context, threads=self.threads,
                                  kv_unified=self.kv_unified, pool_cells=self.pool_cells,
-                                 flash_attn=self.flash_attn, extra_buffers=self.extra_buffers.use)
+                                 flash_attn=self.flash_attn, extra_buffers=self.extra_buffers.use,
+                                 mmproj=self.mmproj, image_rows=self.info.vision.rows if self.info.vision else 0)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-llamacpp-{self.info.name}")
         info["extra_buffers"] = self.extra_buffers.describe()
         info["cpu_features"] = self.extra_buffers.features

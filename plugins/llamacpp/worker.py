@@ -29,6 +29,8 @@ class WorkerSpec:
     flash_attn: int = -1      # llama_flash_attn_type: -1 auto, 0 off, 1 on (--flash-attn)
     native_rounds: bool = True  # decode rounds in C where the extension is built (False: Python)
     extra_buffers: bool = True  # weights in llama.cpp's extra buffer types (decided in extra_buffers.py)
+    mmproj: str | None = None   # the vision half: images are encoded in this worker (vision.py)
+    image_rows: int = 0         # embedding rows an image fills (the daemon's layout)
 
 
 def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
@@ -145,6 +147,16 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
                         lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
                         pooling=model_pooling(model))
+    encoder = None
+    if spec.mmproj:
+        from .vision import MtmdEncoder
+
+        try:
+            encoder = MtmdEncoder(spec.mmproj, model, spec.threads, spec.image_rows)
+        except RuntimeError as exc:
+            conn.send(("error", str(exc)))
+            return
+        runner.take_images(encoder)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
                          "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None,
@@ -152,6 +164,8 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     try:
         serve_ticks(conn, runner)
     finally:
+        if encoder is not None:
+            encoder.close()
         runner.close()
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
