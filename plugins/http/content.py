@@ -1,13 +1,21 @@
 """The content of a message, one type for every front end.
 
-A message's content is a string or a list of parts. Today a part is text; image parts join
-:data:`ContentPart` as members of a union told apart by ``type`` (media lanes), and every front
-end (OpenAI chat, sessions, and the Messages, Responses and Ollama APIs as they arrive) maps its
-own blocks onto these parts, so the preparation path reads one shape."""
+A message's content is a string or a list of parts: text, or an image (``image_url``, OpenAI's
+shape). Every front end (OpenAI chat, sessions, and the Messages and Responses APIs) maps its own
+blocks onto these parts, so the preparation path reads one shape: an Anthropic ``image`` block
+and a Responses ``input_image`` arrive here as :class:`ImagePart`.
+
+An image part is only a reference when it is parsed (a ``data:`` URL, or an ``http(s)`` one); the
+route decodes and checks it before the request is prepared (:mod:`.images`), and keeps the
+result on the part (:attr:`ImagePart.image`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, PrivateAttr
+
+from superfluid.core.media import Image
 
 from .typed import Lenient
 
@@ -19,15 +27,49 @@ class TextPart(Lenient):
     text: str
 
 
-ContentPart = TextPart  # media parts (image_url, ...) join here as a union on ``type``
+class ImageUrl(Lenient):
+    url: Annotated[str, Field(min_length=1, description="a data: URL (base64), or an http(s) URL the server "
+                                                        "is allowed to fetch (--image-url-allow)")]
+    detail: Literal["auto", "low", "high"] | None = Field(
+        None, description="accepted; every image is sent at the model's tile size")
+
+
+class ImagePart(Lenient):
+    """``{"type": "image_url", "image_url": {"url": ..., "detail": ...}}`` (the bare URL string
+    is accepted for ``image_url`` too, as vLLM and llama-server accept it)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl | str
+    _image: Image | None = PrivateAttr(None)
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+    @property
+    def image(self) -> Image | None:
+        """The decoded image, once the route has loaded it (None before)."""
+        return self._image
+
+    def loaded(self, image: Image) -> None:
+        self._image = image
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
 Content = str | list[ContentPart]
 
 
 def content_text(content: Content | None) -> str:
-    """The text of a content: a string as it is, parts joined with nothing between them (as
-    OpenAI concatenates text parts); None is ""."""
+    """The text of a content: a string as it is, text parts joined with nothing between them (as
+    OpenAI concatenates text parts), images left out; None is ""."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content)
+    return "".join(part.text for part in content if isinstance(part, TextPart))
+
+
+def image_parts(content: Content | None) -> list[ImagePart]:
+    if content is None or isinstance(content, str):
+        return []
+    return [part for part in content if isinstance(part, ImagePart)]

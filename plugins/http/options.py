@@ -59,6 +59,20 @@ OPTIONS = PluginOptions("http", [
            f"{STOP_CAP})", in_range(1, STOP_CAP), metavar="N"),
     Option("max-tools", int, 128, f"most tools in one request (more: 400 naming tools; at most "
            f"{TOOLS_CAP})", in_range(1, TOOLS_CAP), metavar="N"),
+    Option("max-images", int, 8, "most images in one request (more: 400 too_many_images naming the first "
+           "one over)", in_range(1, 256), metavar="N"),
+    Option("max-image-mb", int, 10, "largest image in MiB, decoded from base64 or fetched (larger: 400 "
+           "image_too_large); a request body still stops at --max-body-mb", in_range(1, 1024), metavar="MB"),
+    Option("max-image-pixels", int, 32 << 20, "most pixels (width x height) an image may have, read from its "
+           "header before it is decompressed, so a decompression bomb is refused without being inflated",
+           in_range(1, 1 << 31), metavar="N"),
+    Option("image-url-allow", list, [], "an http(s) URL prefix images may be fetched from (e.g. "
+           "https://images.example.com/); repeatable; default none: remote image URLs are refused, since a "
+           "server that fetches what clients name is a server-side request forgery hole",
+           lambda v: None if all(isinstance(x, str) and x.startswith(("http://", "https://")) for x in v)
+           else "must be http:// or https:// URL prefixes", metavar="PREFIX"),
+    Option("image-fetch-timeout", float, 10.0, "seconds to fetch an allowed remote image (then 400 "
+           "image_fetch_failed)", in_range(0.1, 600.0), metavar="S"),
     Option("header-timeout", float, 10.0, "seconds a client has to send a request's head, from its "
            "first byte (or the connection's opening); then 408 and the connection is closed",
            in_range(0.1, 3600.0), metavar="S"),

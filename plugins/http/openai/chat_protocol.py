@@ -11,7 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from superfluid.core.errors import InvalidRequest
 
-from ..content import Content, content_text
+from ..content import Content, ImagePart, content_text
 from ..typed import Lenient, RequestBody, fail
 from .protocol import GenerationFields, Model
 
@@ -71,9 +71,15 @@ class ChatMessage(Lenient):
     def text(self) -> str:
         return content_text(self.content)
 
-    def for_template(self) -> dict:
-        """The message as chat templates read it: ``developer`` is ``system``, content is text."""
-        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text}
+    def for_template(self, image_marker=None) -> dict:
+        """The message as chat templates read it: ``developer`` is ``system``, content is text.
+        ``image_marker`` (an image part to the text that stands for it until the rendered
+        prompt is tokenized) puts images in that text where they were; without it they are
+        left out."""
+        text = self.text
+        if image_marker is not None and isinstance(self.content, list):
+            text = "".join(image_marker(p) if isinstance(p, ImagePart) else p.text for p in self.content)
+        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
         if self.name is not None:
             out["name"] = self.name
         if self.tool_calls is not None:

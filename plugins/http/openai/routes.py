@@ -19,13 +19,14 @@ from ..access_log import log_generation
 from ..aliases import Aliases
 from ..bridge import EventBridge
 from ..body import read_as
+from ..images import ImageLoader, has_images
 from ..info.metrics import METRICS
 from ..keys.auth import door_time, request_key
 from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
 from ..wire import Wire
-from .chat_protocol import ChatCompletionRequest
+from .chat_protocol import ChatCompletionRequest, ChatFields
 from .choices import Choice
 from .protocol import CompletionRequest, InfillRequest
 from .replies import Shape, status_of
@@ -37,6 +38,7 @@ class OpenAIRoutes:
         self.config = config
         self.catchup = catchup  # the front end's LoopCatchup: its bridges count wake-ups on it
         self.preparer = Preparer(daemon, config, aliases=aliases)
+        self.images = ImageLoader(config)
         self.key_limits = KeyLimits(metrics=METRICS)  # per-key requests/tokens per minute and lanes
 
     def add_to(self, app: web.Application) -> None:
@@ -70,6 +72,15 @@ class OpenAIRoutes:
         return await self._generate(request, req, time.monotonic() if arrived is None else arrived, model=model,
                                     qos=qos, on_finish=on_finish, wire=wire, limit_is_ceiling=limit_is_ceiling)
 
+    async def load_images(self, req, model: str | None = None) -> None:
+        """Fetch, decode and check a chat's images at its model's tile size (a 400 naming the
+        first bad one; a text-only model refuses them all), before the request is prepared."""
+        if not isinstance(req, ChatFields) or not has_images(req.messages):
+            return
+        runtime = self.preparer.chat_runtime(req, model)
+        runtime.loop.check_takes_images()
+        await self.images.load(req.messages, runtime.engine.info.vision.tile)
+
     def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
         """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop
         as they come, a whole one's wait for their lane's end."""
@@ -83,6 +94,7 @@ class OpenAIRoutes:
         this; ``on_finish`` hears the complete reply before the response ends, ``wire`` writes
         it (see :meth:`generate_chat`)."""
         wire = wire if wire is not None else Wire()
+        await self.load_images(req, model)
         prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model,
                                      limit_is_ceiling=limit_is_ceiling)
         wire.prepared(prep)

@@ -17,6 +17,7 @@ import attrs
 
 from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
+from superfluid.core.media import MediaSpan
 from superfluid.core.request import Request, new_request_id
 
 from ..keys.auth import applied_class, check_model, note_class, request_key
@@ -24,7 +25,9 @@ from ..openai.chat_protocol import ChatFields
 from ..openai.protocol import CompletionRequest, InfillRequest
 from . import logprob_format, params, response_format, tool_plan
 from ..aliases import Aliases
+from ..images import has_images
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
+from .image_prompt import ImageMarkers, tokenize_with_images
 from .qos_class import batch_invariant, request_class
 from .tool_format import ToolPlan
 from .tool_render import render_prompt
@@ -138,19 +141,31 @@ class Preparer:
         return _chat_tokens(runtime, render_chat(info.chat_template, messages, bos_token=info.bos_token,
                                                  eos_token=info.eos_token, add_generation_prompt=False))
 
-    def chat_prompt(self, req, model: str | None = None) -> tuple[object, list[int], ToolPlan]:
-        """(runtime, prompt tokens, tool plan) of a chat request (:class:`ChatFields`); ``model``
-        stands in for a request without one (a session's turn)."""
-        runtime = self.daemon.get(self.aliases.model(getattr(req, "model", None) or model))
+    def chat_runtime(self, req, model: str | None = None):
+        """The served model a chat request (or a session's turn, ``model``) runs on."""
+        return self.daemon.get(self.aliases.model(getattr(req, "model", None) or model))
+
+    def chat_prompt(self, req, model: str | None = None) -> tuple[object, list[int], ToolPlan, tuple[MediaSpan, ...]]:
+        """(runtime, prompt tokens, tool plan, image spans) of a chat request
+        (:class:`ChatFields`); ``model`` stands in for a request without one (a session's turn).
+        Images are laid out where their parts were (:mod:`.image_prompt`); a model that takes
+        none refuses them."""
+        runtime = self.chat_runtime(req, model)
         info = runtime.engine.info
         tools = tool_plan.plan(req, grammars=getattr(runtime.engine.capabilities, "grammars", False))
-        messages = [m.for_template() for m in req.messages]
+        markers = ImageMarkers() if has_images(req.messages) else None
+        if markers is not None:
+            runtime.loop.check_takes_images()
+        messages = [m.for_template(markers) for m in req.messages]
         text = render_prompt(info.chat_template, messages, tools, bos_token=info.bos_token,
                              eos_token=info.eos_token, add_generation_prompt=True)
-        return runtime, _chat_tokens(runtime, text), tools
+        if markers is None:
+            return runtime, _chat_tokens(runtime, text), tools, ()
+        tokens, spans = tokenize_with_images(runtime, text, markers.images, lambda t: _chat_tokens(runtime, t))
+        return runtime, tokens, tools, spans
 
     def chat_prompt_length(self, req, model: str | None = None) -> int:
-        """How many tokens a chat request's prompt renders to (tools included)."""
+        """How many tokens a chat request's prompt renders to (tools and images included)."""
         return len(self.chat_prompt(req, model)[1])
 
     def _completion_prompt(self, req: CompletionRequest) -> tuple[object, list[int]]:
@@ -187,10 +202,13 @@ class Preparer:
         invariant = batch_invariant(request, self.config)
         fim = kind == "infill" or (kind == "completion" and req.suffix is not None)
         tools = NO_TOOLS
+        media: tuple[MediaSpan, ...] = ()
         if fim:
             runtime, tokens = self._fim_prompt(request, req)
         elif kind == "chat":
-            runtime, tokens, tools = self.chat_prompt(req, model)
+            runtime, tokens, tools, media = self.chat_prompt(req, model)
+            if any(span.image.width == 0 for span in media):
+                raise RuntimeError("a chat's images must be loaded (ImageLoader) before it is prepared")
         else:
             runtime, tokens = self._completion_prompt(req)
         check_model(request, runtime.name)
@@ -219,7 +237,7 @@ class Preparer:
         bridge = make_sink(stream, n)
         first = Request(
             prompt_tokens=tokens, max_tokens=max(limit, 1), sink=bridge, sampling=sampling, stop=stop,
-            ignore_eos=bool(req.ignore_eos), batch_invariant=invariant, reuse_prefix=req.cache_prompt is not False,
+            ignore_eos=bool(req.ignore_eos), batch_invariant=invariant, media=media, reuse_prefix=req.cache_prompt is not False,
             streamed=stream, qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
             prompt_logprobs=asked.logprobs if asked.echo else None,
             arrived=arrived, meta=_meta(kind, fim, sampling, tools, _tenant(key, req)))
