@@ -55,10 +55,27 @@ def test_server_tools_are_left_out_not_refused():
     assert [t.function.name for t in chat.tools] == ["get_weather"]
 
 
-def test_images_are_refused_until_media_lanes():
+def test_image_blocks_become_chat_image_parts_where_they_were():
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    r = req(messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, image,
+                                                   {"type": "text", "text": "What is it?"}]}])
+    content = chat_request(r).messages[-1].content
+    assert [p.type for p in content] == ["text", "image_url", "text"]
+    assert content[1].url == "data:image/png;base64,iVBORw0KGgo="
+    url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    assert chat_request(req(messages=[{"role": "user", "content": [url]}])).messages[-1].content[0].url == \
+        "https://example.com/a.png"
+
+
+@pytest.mark.parametrize("source, words", [
+    ({"type": "base64"}, "media_type and data"),
+    ({"type": "base64", "media_type": "image/tiff", "data": "AAAA"}, "media_type must be"),
+    ({"type": "file", "file_id": "file_1"}, "Files API"),
+])
+def test_bad_image_sources_are_refused(source, words):
     with pytest.raises(InvalidRequest) as exc:
-        req(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}])
-    assert "image" in exc.value.message
+        req(messages=[{"role": "user", "content": [{"type": "image", "source": source}]}])
+    assert words in exc.value.message and exc.value.param.startswith("messages[0].content[0].source")
 
 
 def test_the_billing_header_block_goes_after_the_conversation():

@@ -60,8 +60,10 @@ def test_what_codex_sends_is_accepted_and_its_other_tools_are_left_out():
 
 
 @pytest.mark.parametrize("body, param, code", [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:x"}]}]},
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}]},
      "input[0].content[0].type", "unsupported_value"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]},
+     "input[0].content[0].image_url", "missing_required_parameter"),
     ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type", "unsupported_value"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "unsupported_value"),
     ({"input": [{"type": "bogus"}]}, "input[0].type", "invalid_value"),

@@ -11,7 +11,8 @@ with it, not every type it is not). Every block type of Anthropic's request is d
   trained to see, and leaving it out keeps a turn's prompt a prefix of the next one's;
 - ``document``: a text document (source ``text`` or ``content``) is its text; a PDF or an image
   (source ``base64``, ``url``, ``file``) is refused;
-- ``image``: refused (images come with the media lanes, issue 30);
+- ``image``: an image (source ``base64`` or ``url``), as chat's ``image_url`` part, in the
+  message where it was (a ``file`` source, the Files API, is refused);
 - any other type (server tool results, search results, container uploads): refused.
 
 Objects are :class:`~..typed.Lenient`: SDKs echo fields of a reply back (``citations``,
@@ -36,15 +37,44 @@ class AnthropicTextBlock(Lenient):
     cache_control: CacheControl = Field(None, description="accepted and ignored: the prefix cache is automatic")
 
 
-class AnthropicImageBlock(Lenient):
-    """``{"type": "image", "source": …}``: refused until images are served (issue 30)."""
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
 
-    type: Literal["image"]
-    source: dict[str, Any] | None = None
+
+class AnthropicImageSource(Lenient):
+    """``{"type": "base64", "media_type", "data"}`` or ``{"type": "url", "url"}``."""
+
+    type: Literal["base64", "url", "file"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+    file_id: str | None = None
 
     @model_validator(mode="after")
-    def _not_yet(self):
-        raise fail("unsupported_value", "is an image: images are not supported yet; send text")
+    def _complete(self):
+        if self.type == "file":
+            raise fail("unsupported_value", "has type \"file\": Files API images are not served; send base64 or a url")
+        if self.type == "base64" and (self.data is None or self.media_type is None):
+            raise fail("missing_required_parameter", "needs media_type and data with type \"base64\"")
+        if self.type == "base64" and self.media_type not in IMAGE_TYPES:
+            raise fail("invalid_value", f"media_type must be one of {', '.join(IMAGE_TYPES)}")
+        if self.type == "url" and not self.url:
+            raise fail("missing_required_parameter", "needs url with type \"url\"")
+        return self
+
+    @property
+    def as_url(self) -> str:
+        return f"data:{self.media_type};base64,{self.data}" if self.type == "base64" else self.url
+
+
+class AnthropicImageBlock(Lenient):
+    """``{"type": "image", "source": …}``: an image, sent on as chat's ``image_url`` part."""
+
+    type: Literal["image"]
+    source: AnthropicImageSource
+    cache_control: CacheControl = None
+
+    def as_chat_part(self) -> dict:
+        return {"type": "image_url", "image_url": {"url": self.source.as_url}}
 
 
 class AnthropicDocumentSource(Lenient):
@@ -111,7 +141,7 @@ ResultPart = Annotated[
           Annotated[AnthropicImageBlock, Tag("AnthropicImageBlock")],
           Annotated[AnthropicDocumentBlock, Tag("AnthropicDocumentBlock")]],
     Discriminator(_part_kind, custom_error_type="invalid_value",
-                  custom_error_message="a tool result's block must have type text or document")]
+                  custom_error_message="a tool result's block must have type text, image or document")]
 
 
 class AnthropicToolResultBlock(Lenient):
@@ -127,7 +157,7 @@ class AnthropicToolResultBlock(Lenient):
     def text(self) -> str:
         if isinstance(self.content, str) or self.content is None:
             return self.content or ""
-        return join_texts(part.text for part in self.content)
+        return join_texts(part.text for part in self.content if not isinstance(part, AnthropicImageBlock))
 
 
 class AnthropicThinkingBlock(Lenient):
@@ -169,7 +199,7 @@ Block = Annotated[
           Annotated[AnthropicRedactedThinkingBlock, Tag("AnthropicRedactedThinkingBlock")]],
     Discriminator(_block_kind, custom_error_type="invalid_value",
                   custom_error_message="a content block must have type text, document, tool_use, tool_result, "
-                                       "thinking or redacted_thinking (image: not yet)")]
+                                       "thinking, redacted_thinking or image")]
 
 _ONLY = {"tool_use": "assistant", "tool_result": "user", "thinking": "assistant", "redacted_thinking": "assistant"}
 
@@ -192,6 +222,29 @@ class AnthropicMessage(Lenient):
             if owner is not None and owner != role:
                 raise fail("invalid_value", f"[{i}] is a {block.type} block, which only {owner} messages hold")
         return content
+
+
+def chat_parts(blocks, prefix: str = "") -> str | list[dict]:
+    """Text, document and image blocks as chat content: the text (consecutive blocks joined as
+    :func:`join_texts` joins them, after ``prefix``) when there is no image, else chat's parts
+    with each image where it was."""
+    if not any(isinstance(b, AnthropicImageBlock) for b in blocks):
+        return prefix + join_texts(b.text for b in blocks)
+    parts: list[dict] = []
+    run: list[str] = []
+    for b in blocks:
+        if isinstance(b, AnthropicImageBlock):
+            if run:
+                parts.append({"type": "text", "text": join_texts(run)})
+                run = []
+            parts.append(b.as_chat_part())
+        else:
+            run.append(b.text)
+    if run:
+        parts.append({"type": "text", "text": join_texts(run)})
+    if prefix:
+        parts.insert(0, {"type": "text", "text": prefix})
+    return parts
 
 
 def join_texts(texts) -> str:

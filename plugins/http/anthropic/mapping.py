@@ -32,8 +32,8 @@ from superfluid.core.chat import render_chat
 
 from ..openai.chat_protocol import ChatCompletionRequest
 from ..typed import parse
-from .blocks import (AnthropicDocumentBlock, AnthropicMessage, AnthropicTextBlock, AnthropicToolResultBlock,
-                     AnthropicToolUseBlock, join_texts)
+from .blocks import (AnthropicDocumentBlock, AnthropicImageBlock, AnthropicMessage, AnthropicTextBlock,
+                     AnthropicToolResultBlock, AnthropicToolUseBlock, chat_parts, join_texts)
 from .protocol import (MessagesInput, MessagesRequest, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone,
                        ToolChoiceTool)
 
@@ -74,13 +74,21 @@ def _message(msg: AnthropicMessage) -> list[dict]:
         elif out["content"] is None:
             out["content"] = ""  # only thinking blocks: an empty turn, kept so the roles still alternate
         return [out]
-    results = [{"role": "tool", "tool_call_id": b.tool_use_id,
-                "content": ("Error: " if b.is_error else "") + b.text}
+    results = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_content(b)}
                for b in msg.content if isinstance(b, AnthropicToolResultBlock)]
-    text = _text_of(msg.content)
-    if text or not results:
-        results.append({"role": msg.role, "content": text})
+    own = [b for b in msg.content if isinstance(b, (AnthropicTextBlock, AnthropicDocumentBlock, AnthropicImageBlock))]
+    if own or not results:
+        results.append({"role": msg.role, "content": chat_parts(own)})
     return results
+
+
+def _result_content(block: AnthropicToolResultBlock) -> str | list[dict]:
+    """A tool result's content as chat's: its text (``Error:`` first when it is one), or parts
+    when it holds images (a tool that read an image file)."""
+    prefix = "Error: " if block.is_error else ""
+    if isinstance(block.content, str) or block.content is None:
+        return prefix + (block.content or "")
+    return chat_parts(block.content, prefix)
 
 
 def _tools(req: MessagesInput) -> list[dict]:

@@ -23,7 +23,7 @@ from ..openai.chat_protocol import ChatCompletionRequest
 from ..typed import parse
 from .protocol import (ResponsesAllowedTools, ResponsesFunctionCallItem, ResponsesFunctionCallOutputItem,
                        ResponsesFunctionChoice, ResponsesFunctionTool, ResponsesInput, ResponsesJsonSchemaFormat,
-                       ResponsesMessageItem, ResponsesRequest, content_text)
+                       ResponsesMessageItem, ResponsesRequest, chat_content, content_text)
 
 
 def instructions(req: ResponsesInput) -> list[dict]:
@@ -40,7 +40,7 @@ def input_messages(req: ResponsesInput) -> list[dict]:
     out: list[dict] = []
     for item in req.input:
         if isinstance(item, ResponsesMessageItem):
-            out.append({"role": item.role, "content": content_text(item.content)})
+            out.append({"role": item.role, "content": chat_content(item.content)})
         elif isinstance(item, ResponsesFunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}

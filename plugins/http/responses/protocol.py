@@ -31,8 +31,7 @@ ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 CHOICE_MODES = ("none", "auto", "required")
 # what a refused type is, in the 400's words: content the server cannot read yet, and items of
 # tools it never offers (so a model here cannot have made them)
-_UNSERVED_PARTS = {"input_image": "images are not supported yet", "input_file": "files are not supported",
-                   "input_audio": "audio is not supported"}
+_UNSERVED_PARTS = {"input_file": "files are not supported", "input_audio": "audio is not supported"}
 _ONLY_FUNCTIONS = "the server offers only function tools (other types are left out)"
 _NOT_OFFERED = _ONLY_FUNCTIONS + ", so the history cannot hold them"
 
@@ -79,27 +78,61 @@ class ResponsesRefusalPart(Lenient):
     refusal: str
 
 
+class ResponsesImagePart(Lenient):
+    """``{"type": "input_image", "image_url": …, "detail"?}``: an image, as chat's ``image_url``
+    part (a data: URL, or an http(s) URL the server may fetch); ``file_id`` (the Files API) is
+    not served."""
+
+    type: Literal["input_image"]
+    image_url: Annotated[str, Field(min_length=1)] | None = Field(None, validate_default=True)
+    detail: Literal["auto", "low", "high"] | None = None
+    file_id: str | None = None
+
+    @field_validator("image_url", mode="after")
+    @classmethod
+    def _url_given(cls, url, info: ValidationInfo):
+        if url is None:
+            raise fail("missing_required_parameter", "is required (file_id images are not served: send a data: URL)")
+        return url
+
+    def as_chat_part(self) -> dict:
+        return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail or "auto"}}
+
+
 class ResponsesUnservedPart(Lenient):
     """Any other part (images, files, audio, unknown types): refused, naming ``….type``."""
 
     type: Any = Field(None, validate_default=True)
 
-    _refuse = _refusing(_UNSERVED_PARTS, (*TEXT_PARTS, "refusal"))
+    _refuse = _refusing(_UNSERVED_PARTS, (*TEXT_PARTS, "refusal", "input_image"))
 
 
 Part = Annotated[Union[Annotated[ResponsesTextPart, Tag("ResponsesTextPart")],
                        Annotated[ResponsesRefusalPart, Tag("ResponsesRefusalPart")],
+                       Annotated[ResponsesImagePart, Tag("ResponsesImagePart")],
                        Annotated[SkipJsonSchema[ResponsesUnservedPart], Tag("ResponsesUnservedPart")]],
                  _by_type({"input_text": "ResponsesTextPart", "output_text": "ResponsesTextPart",
-                           "refusal": "ResponsesRefusalPart"}, other="ResponsesUnservedPart")]
+                           "refusal": "ResponsesRefusalPart", "input_image": "ResponsesImagePart"},
+                          other="ResponsesUnservedPart")]
 Content = str | list[Part]
 
 
 def content_text(content: Content) -> str:
-    """A content's text: a string as it is, parts joined with nothing between them (as chat's)."""
+    """A content's text: a string as it is, parts joined with nothing between them (as chat's),
+    images left out."""
     if isinstance(content, str):
         return content
-    return "".join(p.text if isinstance(p, ResponsesTextPart) else p.refusal for p in content)
+    return "".join(p.text if isinstance(p, ResponsesTextPart) else p.refusal for p in content
+                   if not isinstance(p, ResponsesImagePart))
+
+
+def chat_content(content: Content) -> str | list[dict]:
+    """A content as chat's: its text, or (when it holds images) chat's parts in order."""
+    if isinstance(content, str) or not any(isinstance(p, ResponsesImagePart) for p in content):
+        return content_text(content)
+    return [p.as_chat_part() if isinstance(p, ResponsesImagePart)
+            else {"type": "text", "text": p.text if isinstance(p, ResponsesTextPart) else p.refusal}
+            for p in content]
 
 
 # ---- input items -------------------------------------------------------------------------------
