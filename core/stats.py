@@ -97,6 +97,8 @@ def _lane_view(slot: int, lane: Lane, now: float) -> dict:
             "prompt_tokens": lane.n_prompt, "cached_tokens": lane.n_cached,
             "generated_tokens": lane.n_generated, "max_tokens": lane.request.max_tokens,
             "prefilled_tokens": lane.n_prefilled, "preemptions": lane.preemptions}
+    if lane.request.media:  # a media lane: never preempted
+        view["images"] = len(lane.request.media)
     if lane.admitted_at is not None and lane.n_prefilled:
         end = lane.first_token_at or now
         view["prefill_tokens_per_s"] = round(lane.n_prefilled / max(end - lane.admitted_at, 1e-6), 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field, PrivateAttr
+from pydantic import Discriminator, Field, PrivateAttr, Tag
 
 from superfluid.core.media import Image
 
@@ -55,7 +55,15 @@ class ImagePart(Lenient):
         self._image = image
 
 
-ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+def _part_kind(value) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"text": "TextPart", "image_url": "ImagePart"}.get(kind) if isinstance(kind, str) else None
+
+
+# tags are class-like names, which a 400's field name leaves out (typed.param_of)
+ContentPart = Annotated[Union[Annotated[TextPart, Tag("TextPart")], Annotated[ImagePart, Tag("ImagePart")]],
+                        Discriminator(_part_kind, custom_error_type="invalid_value",
+                                      custom_error_message="a content part must have type text or image_url")]
 Content = str | list[ContentPart]
 
 

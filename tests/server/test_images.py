@@ -1,0 +1,249 @@
+"""Images on llama.cpp, through the ``openai`` client (and the ``anthropic`` SDK, and the
+Responses API) against a real server serving the tiny SmolVLM the project builds
+(tools/fixtures/tiny_vlm.py; its mmproj is found beside the GGUF):
+
+- replies equal transformers' for a red and a blue image and differ; concurrent equals alone;
+- the same image twice: encoded once, its KV reused past the image;
+- a media lane is never preempted by interactive arrivals (a text lane in its place is);
+- every bad image is a 400 naming the part, and the server is healthy afterwards;
+- remote URLs: refused unless a prefix is allowed, then fetched under the same caps;
+- a text-only model refuses images; image parts in sessions."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from tests import vision_reference as ref
+from tools.fixtures.tiny_vlm import build
+
+from . import vision_cases as cases
+from .serverproc import free_port
+
+openai = pytest.importorskip("openai")
+MODEL = "vlm"
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    return build()
+
+
+class _Pictures(http.server.BaseHTTPRequestHandler):
+    """Serves a red PNG at /ok/red.png and /elsewhere/red.png (the allow-list tells them apart)."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = ref.png(cases.RED)
+        self.send_response(200 if self.path.endswith("/red.png") else 404)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Pictures)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def srv(start_server, vlm, pictures):
+    return start_server("--model-name", MODEL, "--max-batch", "4", "--max-images", "2", "--max-image-mb", "1",
+                        "--max-image-pixels", "1000000", "--image-url-allow", f"{pictures}/ok/", model=str(vlm["gguf"]))
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="x", timeout=120, max_retries=0)
+
+
+def test_red_and_blue_equal_the_transformers_reference_and_differ(client, vlm):
+    cases.check_reference_red_and_blue(client, MODEL, str(vlm["hf"]))
+
+
+def test_two_concurrent_image_requests_equal_one_at_a_time(client):
+    cases.check_concurrent_equals_alone(client, MODEL)
+
+
+def test_the_same_image_twice_is_encoded_once_and_its_kv_reused(client, srv):
+    got = cases.check_same_image_encodes_once(client, MODEL, srv)
+    assert got["prefilled"][1] <= 1 < got["prefilled"][0]
+
+
+def _raw(srv, body: dict) -> tuple[int, dict]:
+    return srv.call("POST", "/v1/chat/completions", body)
+
+
+def _with_image(url: str, count: int = 1) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for _ in range(count)]
+    return {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "Hi"}]}]}
+
+
+def _png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _b64(data: bytes, kind: str = "image/png") -> str:
+    return f"data:{kind};base64," + base64.b64encode(data).decode()
+
+
+def _bad_cases(pictures: str) -> list[tuple[str, dict, str, str]]:
+    from PIL import Image
+
+    good = ref.png(cases.RED)
+    noise = Image.frombytes("RGB", (700, 700), random.Random(0).randbytes(700 * 700 * 3))  # ~1.4 MiB as PNG
+    url = "messages[0].content[0].image_url.url"
+    return [
+        ("malformed base64", _with_image("data:image/png;base64,@@not-base64@@"), url, "malformed base64"),
+        ("not base64 at all", _with_image("data:image/png,rawbytes"), url, "must be base64"),
+        ("an unknown format", _with_image(_b64(b"just some text, no image", "image/png")), url, "served format"),
+        ("a format not served", _with_image(_b64(_png_as(Image.new("RGB", (8, 8)), "BMP"), "image/bmp")), url, "served format"),
+        ("a truncated file", _with_image(_b64(good[: len(good) // 2])), url, "truncated"),
+        ("a decompression bomb", _with_image(_b64(_png(Image.new("L", (4000, 4000))))), url, "pixels"),
+        ("too many bytes", _with_image(_b64(_png(noise))), url, "larger than"),
+        ("too many images", _with_image(_b64(good), 3), "messages[0].content[2].image_url.url", "at most 2"),
+        ("a remote URL not allowed", _with_image(f"{pictures}/elsewhere/red.png"), url, "--image-url-allow"),
+        ("another scheme", _with_image("file:///etc/passwd"), url, "data: URL"),
+        ("an allowed URL that fails", _with_image(f"{pictures}/ok/missing.gif"), url, "HTTP 404"),
+        ("an empty URL", _with_image(""), url, ""),
+    ]
+
+
+def _png_as(img, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def test_bad_images_are_400s_naming_the_part_and_change_nothing(srv, pictures, client):
+    for name, body, param, words in _bad_cases(pictures):
+        status, reply = _raw(srv, body)
+        assert status == 400, (name, status, reply)
+        assert reply["error"]["param"] == param, (name, reply)
+        assert words in reply["error"]["message"], (name, reply)
+    assert srv.get_json("/health")["status"] == "ok"
+    assert cases.ask(client, MODEL, cases.image_messages(cases.RED)).usage.completion_tokens == cases.MAX_NEW
+
+
+def test_an_allowed_remote_url_is_fetched_and_answers_as_its_data_url(client, pictures):
+    remote = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"{pictures}/ok/red.png"}},
+                                           {"type": "text", "text": cases.QUESTION}]}]
+    assert cases.ask(client, MODEL, remote).choices[0].message.content == \
+        cases.ask(client, MODEL, cases.image_messages(cases.RED)).choices[0].message.content
+
+
+def test_a_text_only_model_refuses_images(server):
+    status, reply = server.call("POST", "/v1/chat/completions", {**_with_image(cases.data_url(cases.RED)),
+                                                                 "model": "smollm2"})
+    assert status == 400 and reply["error"]["code"] == "model_not_multimodal", reply
+    assert "text-only" in reply["error"]["message"]
+
+
+def test_anthropic_and_responses_images_answer_as_chat_does(srv, client):
+    anthropic = pytest.importorskip("anthropic")
+    png = base64.b64encode(ref.png(cases.BLUE)).decode()
+    want = client.chat.completions.create(model=MODEL, messages=cases.image_messages(cases.BLUE),
+                                          max_tokens=cases.MAX_NEW, temperature=0).choices[0].message.content
+    a = anthropic.Anthropic(base_url=srv.base, api_key="x", max_retries=0)
+    msg = a.messages.create(model=MODEL, max_tokens=cases.MAX_NEW, extra_body={"temperature": 0},
+                            messages=[{"role": "user", "content": [
+                                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+                                {"type": "text", "text": cases.QUESTION}]}])
+    assert msg.content[0].text == want
+    r = client.responses.create(model=MODEL, max_output_tokens=cases.MAX_NEW, temperature=0,
+                                input=[{"role": "user", "content": [
+                                    {"type": "input_image", "image_url": cases.data_url(cases.BLUE)},
+                                    {"type": "input_text", "text": cases.QUESTION}]}])
+    assert r.output_text == want
+
+
+def test_image_parts_in_a_session_are_kept_and_reused(srv):
+    status, session = srv.call("POST", "/v1/sessions", {"model": MODEL})
+    assert status == 201, session
+    sid = session["id"]
+    turn = {"messages": cases.image_messages(cases.RED, "What is this?"), "max_tokens": 4, "temperature": 0}
+    status, first = srv.call("POST", f"/v1/sessions/{sid}/turns", turn)
+    assert status == 200, first
+    status, second = srv.call("POST", f"/v1/sessions/{sid}/turns", {
+        "messages": [{"role": "user", "content": "And now?"}], "max_tokens": 4, "temperature": 0})
+    assert status == 200, second
+    # the second turn's prompt holds the first's image; all of the first turn's prompt is reused
+    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    srv.call("DELETE", f"/v1/sessions/{sid}")
+
+
+# ---- a media lane is never preempted --------------------------------------------------------------
+
+LONG = 1900  # tokens: the tiny model decodes fast, and the chat must arrive while this runs
+
+
+@pytest.fixture(scope="module")
+def one_lane(start_server, vlm):
+    return start_server("--model-name", MODEL, "--max-batch", "1", "--prefill-budget", "64", model=str(vlm["gguf"]))
+
+
+def _background(srv, messages, out: dict, tokens: int) -> threading.Thread:
+    body = {"model": MODEL, "messages": messages, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+
+    def run():
+        req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "x-superfluid-qos": "background"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            out["reply"] = json.loads(r.read())
+            out["done"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _decoding(srv) -> bool:
+    slot = srv.get_json("/slots")["models"][MODEL]["slots"][0]
+    return slot.get("generated_tokens", 0) > 0
+
+
+def _preempted_while_a_chat_arrives(srv, messages) -> tuple[float, dict, float, float]:
+    """(preemptions during the run, the background reply, when it ended, when the chat ended)."""
+    before = srv.settled_metric("superfluid_preemptions_total")
+    out: dict = {}
+    thread = _background(srv, messages, out, LONG)
+    deadline = time.monotonic() + 60
+    while not _decoding(srv) and time.monotonic() < deadline:  # wait until it decodes
+        time.sleep(0.05)
+    req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps({
+        "model": MODEL, "messages": [{"role": "user", "content": "Quick question."}], "max_tokens": 4,
+        "temperature": 0}).encode(), headers={"Content-Type": "application/json", "x-superfluid-qos": "interactive"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        assert r.status == 200
+    chat_done = time.monotonic()
+    thread.join(300)
+    return srv.settled_metric("superfluid_preemptions_total") - before, out["reply"], out["done"], chat_done
+
+
+def test_a_media_lane_is_not_preempted_by_interactive_work_a_text_lane_is(one_lane):
+    preempted, reply, done, chat_done = _preempted_while_a_chat_arrives(one_lane, cases.image_messages(cases.RED))
+    assert preempted == 0
+    assert reply["usage"]["completion_tokens"] == LONG  # every token, none repeated or lost
+    assert chat_done >= done - 0.5  # the chat waited for the lane: it was not preempted
+    text_preempted, text_reply, _, _ = _preempted_while_a_chat_arrives(
+        one_lane, [{"role": "user", "content": cases.QUESTION}])
+    assert text_preempted >= 1  # the same shape without an image is preempted
+    assert text_reply["usage"]["completion_tokens"] == LONG
