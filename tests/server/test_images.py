@@ -247,3 +247,36 @@ def test_a_media_lane_is_not_preempted_by_interactive_work_a_text_lane_is(one_la
         one_lane, [{"role": "user", "content": cases.QUESTION}])
     assert text_preempted >= 1  # the same shape without an image is preempted
     assert text_reply["usage"]["completion_tokens"] == LONG
+
+
+def test_fuzzed_image_parts_get_200s_or_400s_and_the_server_stays_healthy(srv):
+    """hypothesis drives the real server with mutated images and odd image parts: every answer
+    is a reply or a 400 naming a field, never a 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    seed = ref.png(cases.GREEN, 16)
+    parts = st.one_of(
+        st.builds(lambda cut, at, v: bytes(b if i != at % max(cut, 1) else v for i, b in enumerate(seed[:cut])),
+                  st.integers(1, len(seed)), st.integers(0, 10_000), st.integers(0, 255))
+        .map(lambda data: {"type": "image_url", "image_url": {"url": _b64(data)}}),
+        st.text(max_size=40).map(lambda url: {"type": "image_url", "image_url": {"url": url}}),
+        st.fixed_dictionaries({"type": st.just("image_url"),
+                               "image_url": st.one_of(st.none(), st.integers(), st.text(max_size=10),
+                                                      st.fixed_dictionaries({"url": st.just(_b64(seed)),
+                                                                             "detail": st.text(max_size=6)}))}))
+    seen: dict[int, int] = {}
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(parts, min_size=1, max_size=3))
+    def post(images):
+        body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [*images, {"type": "text",
+                                                                                                   "text": "Hi"}]}]}
+        status, reply = _raw(srv, body)
+        seen[status] = seen.get(status, 0) + 1
+        assert status in (200, 400), (status, reply)
+        if status == 400:
+            assert reply["error"]["param"].startswith("messages[0].content"), reply
+
+    post()
+    assert seen.get(400) and srv.get_json("/health")["status"] == "ok"
