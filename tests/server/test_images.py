@@ -280,3 +280,37 @@ def test_fuzzed_image_parts_get_200s_or_400s_and_the_server_stays_healthy(srv):
 
     post()
     assert seen.get(400) and srv.get_json("/health")["status"] == "ok"
+
+
+def test_an_image_prefix_comes_back_from_the_host_tier_without_encoding(one_lane):
+    """One lane: a text request takes the slot an image conversation's KV was cached in, which
+    moves that prefix to host memory; the image conversation then comes back from there, keyed
+    by the image's content, and its image is not encoded again."""
+    client = openai.OpenAI(base_url=one_lane.base + "/v1", api_key="x", timeout=120, max_retries=0)
+    # long enough for the host tier (64 tokens or more); the text request shares no prefix with it
+    image = cases.image_messages((200, 100, 0), "Tell me more about the colour of this picture, " * 6)
+    first = cases.ask(client, MODEL, image)
+    cases.ask(client, MODEL, [{"role": "system", "content": "Be terse."},
+                              {"role": "user", "content": "Something else entirely, please."}])
+    assert one_lane.settled_metric("superfluid_host_cache_entries") >= 1  # the image prefix moved there
+    encoded = one_lane.settled_metric("superfluid_images_encoded_total")
+    again = cases.ask(client, MODEL, image)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
+    assert one_lane.settled_metric("superfluid_images_encoded_total") == encoded
+
+
+def test_mmproj_is_set_per_model_or_found_beside_the_gguf(start_server, vlm, tmp_path):
+    """A GGUF with no mmproj beside it is text-only, unless --mmproj (TOML ``mmproj``) names one."""
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "tiny.gguf").symlink_to(vlm["gguf"])
+    body = {**_with_image(cases.data_url(cases.RED)), "max_tokens": 2}
+    text_only = start_server("--model-name", MODEL, "--max-batch", "1", model=str(lonely / "tiny.gguf"))
+    status, reply = text_only.call("POST", "/v1/chat/completions", body)
+    assert status == 400 and reply["error"]["code"] == "model_not_multimodal"
+    text_only.stop()
+    named = start_server("--model-name", MODEL, "--max-batch", "1", "--mmproj", str(vlm["mmproj"]),
+                         model=str(lonely / "tiny.gguf"))
+    status, reply = named.call("POST", "/v1/chat/completions", body)
+    assert status == 200 and reply["usage"]["completion_tokens"] >= 1, reply
