@@ -1,0 +1,192 @@
+"""What images cost a server that also serves text, and what its media rules give, measured
+against a running server that serves a vision model:
+
+    python -m tools.fixtures.tiny_vlm --hybrid        # SmolLM2-135M with a tiny vision half
+    superfluid serve --model ~/.cache/superfluid/models/smolvlm-hybrid-v1/model.gguf --max-batch 4
+    python -m tools.bench.images --target http://127.0.0.1:8080
+
+- **neighbours**: ``--text-lanes`` streamed text replies (greedy, ``--tokens`` each, end of text
+  ignored) run alone, then again while image requests (a new image each, so each is encoded)
+  arrive every ``--interval`` seconds on another lane. Reported: the text lanes' decode rate
+  (tokens after the first over the time they took, summed over lanes) in both runs and its
+  ratio, and the image requests' first-token times.
+- **reuse**: one image and prompt sent twice: the encoder runs (``superfluid_images_encoded_total``)
+  and the prompt tokens prefilled (``usage``: prompt minus cached) each time.
+- **preemption** (``--preemption``, against a ``--max-batch 1`` server): a background request with
+  an image decodes while an interactive chat arrives, then the same without the image. Reported:
+  preemptions (``superfluid_preemptions_total``) during each and the background reply's tokens.
+
+Run it on a quiet machine: the decode rates are the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import random
+import sys
+import time
+
+import aiohttp
+
+from . import machine
+from .client import first_model
+
+QUESTION = "What is in this picture?"
+
+
+def png(rgb: tuple[int, int, int], size: int = 64) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), rgb).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def chat(model: str, tokens: int, content, stream: bool = True) -> dict:
+    return {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None,
+            "messages": [{"role": "user", "content": content}]}
+
+
+def image_content(rgb, text: str = QUESTION) -> list[dict]:
+    return [{"type": "image_url", "image_url": {"url": png(rgb)}}, {"type": "text", "text": text}]
+
+
+async def stream(session: aiohttp.ClientSession, base: str, body: dict, headers: dict | None = None) -> dict:
+    """A streamed reply's timings: when it was sent, its first token, its end, and its tokens."""
+    t0 = time.perf_counter()
+    first, tokens, usage = None, 0, None
+    async with session.post(base + "/v1/chat/completions", json=body, headers=headers or {}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{resp.status}: {(await resp.read())[:300]!r}")
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            if event.get("choices") and event["choices"][0]["delta"].get("content"):
+                tokens += 1
+                first = first or time.perf_counter()
+    return {"sent": t0, "first": first, "end": time.perf_counter(), "usage": usage}
+
+
+def decode_rate(runs: list[dict]) -> float:
+    """Text lanes' decode tokens per second, summed: each lane's tokens after its first over the
+    time they took."""
+    return sum((r["usage"]["completion_tokens"] - 1) / max(r["end"] - r["first"], 1e-9) for r in runs)
+
+
+async def neighbours(session, base: str, model: str, lanes: int, tokens: int, interval: float) -> dict:
+    text = [chat(model, tokens, f"Write a long story about lighthouse number {i}.") for i in range(lanes)]
+    await asyncio.gather(*(stream(session, base, b) for b in text))  # warm: prompts cached alike in both runs
+    alone = await asyncio.gather(*(stream(session, base, b) for b in text))
+    rng = random.Random(7)
+    images: list[dict] = []
+    done = asyncio.Event()
+
+    async def arrive():
+        while not done.is_set():
+            rgb = tuple(rng.randrange(256) for _ in range(3))
+            images.append(await stream(session, base, chat(model, 8, image_content(rgb))))
+            try:
+                await asyncio.wait_for(done.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+
+    arrivals = asyncio.create_task(arrive())
+    beside = await asyncio.gather(*(stream(session, base, b) for b in text))
+    done.set()
+    await arrivals
+    ttft = sorted(r["first"] - r["sent"] for r in images)
+    return {"text_lanes": lanes, "tokens": tokens, "interval_s": interval,
+            "decode_tok_s_alone": round(decode_rate(alone), 1), "decode_tok_s_with_images": round(decode_rate(beside), 1),
+            "ratio": round(decode_rate(beside) / decode_rate(alone), 3), "images": len(images),
+            "image_ttft_p50_s": round(ttft[len(ttft) // 2], 3) if ttft else None}
+
+
+async def metric(session, base: str, name: str) -> float:
+    async with session.get(base + "/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+async def reuse(session, base: str, model: str) -> dict:
+    content = image_content((12, 200, 90), "Describe this image in one sentence.")
+    out = []
+    for _ in range(2):
+        before = await metric(session, base, "superfluid_images_encoded_total")
+        run = await stream(session, base, chat(model, 4, content))
+        await asyncio.sleep(0.3)
+        usage = run["usage"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        out.append({"encoder_runs": await metric(session, base, "superfluid_images_encoded_total") - before,
+                    "prompt_tokens": usage["prompt_tokens"], "prefilled": usage["prompt_tokens"] - cached,
+                    "ttft_s": round(run["first"] - run["sent"], 3)})
+    return {"first": out[0], "second": out[1]}
+
+
+async def preemption(session, base: str, model: str, tokens: int) -> dict:
+    out = {}
+    for name, content in (("image", image_content((250, 250, 0))), ("text", QUESTION)):
+        before = await metric(session, base, "superfluid_preemptions_total")
+        background = asyncio.create_task(stream(session, base, chat(model, tokens, content),
+                                                {"x-superfluid-qos": "background"}))
+        while not (await _decoding(session, base)):
+            await asyncio.sleep(0.02)
+        asked = time.perf_counter()
+        chat_run = await stream(session, base, chat(model, 4, "Quick question."), {"x-superfluid-qos": "interactive"})
+        lane = await background
+        await asyncio.sleep(0.3)
+        out[name] = {"preemptions": await metric(session, base, "superfluid_preemptions_total") - before,
+                     "background_tokens": lane["usage"]["completion_tokens"],
+                     "chat_ttft_s": round(chat_run["first"] - asked, 3)}
+    return out
+
+
+async def _decoding(session, base: str) -> bool:
+    async with session.get(base + "/slots") as resp:
+        models = (await resp.json())["models"]
+    return any(s.get("generated_tokens", 0) > 0 for m in models.values() for s in m["slots"])
+
+
+async def main_async(args) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        model = args.model or await first_model(session, args.target, 60)
+        report = {"machine": machine.describe(), "target": args.target, "model": model}
+        if args.preemption:
+            report["preemption"] = await preemption(session, args.target, model, args.tokens)
+        else:
+            report["reuse"] = await reuse(session, args.target, model)
+            report["neighbours"] = await neighbours(session, args.target, model, args.text_lanes, args.tokens,
+                                                    args.interval)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="http://127.0.0.1:8080")
+    ap.add_argument("--model")
+    ap.add_argument("--text-lanes", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--interval", type=float, default=0.5, help="seconds between image requests")
+    ap.add_argument("--preemption", action="store_true", help="the preemption check (a --max-batch 1 server)")
+    ap.add_argument("--json", help="also write the report here")
+    args = ap.parse_args(argv)
+    report = asyncio.run(main_async(args))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
