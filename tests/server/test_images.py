@@ -314,3 +314,45 @@ def test_mmproj_is_set_per_model_or_found_beside_the_gguf(start_server, vlm, tmp
                          model=str(lonely / "tiny.gguf"))
     status, reply = named.call("POST", "/v1/chat/completions", body)
     assert status == 200 and reply["usage"]["completion_tokens"] >= 1, reply
+
+
+def test_a_killed_worker_loses_no_image_lane(start_server, vlm):
+    """SIGKILL the llama.cpp worker while image lanes stream: the new worker encodes the images
+    again and every reply is the one an undisturbed run gives."""
+    import concurrent.futures as cf
+    import os
+    import signal
+
+    srv = start_server("--model-name", MODEL, "--max-batch", "4", model=str(vlm["gguf"]))
+    colours = [cases.RED, cases.BLUE, cases.GREEN, (90, 40, 200)]
+
+    def run(rgb, seen=None):
+        body = {"model": MODEL, "messages": cases.image_messages(rgb), "max_tokens": LONG, "temperature": 0,
+                "ignore_eos": True, "stream": True, "cache_prompt": False}
+        req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        text = []
+        with urllib.request.urlopen(req, timeout=300) as r:
+            for line in r:
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk
+                    if chunk["choices"]:
+                        text.append(chunk["choices"][0]["delta"].get("content") or "")
+                        if seen is not None:
+                            seen.add(rgb)
+        return "".join(text)
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        reference = list(pool.map(run, colours))
+    pid = srv.get_json("/health")["models"][MODEL]["worker_pid"]
+    seen: set = set()
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(run, rgb, seen) for rgb in colours]
+        deadline = time.monotonic() + 60
+        while len(seen) < 4 and time.monotonic() < deadline:  # every stream under way
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        texts = [f.result(timeout=300) for f in futures]
+    assert texts == reference
+    assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
