@@ -7,9 +7,10 @@ against a running server that serves a vision model:
 
 - **neighbours**: ``--text-lanes`` streamed text replies (greedy, ``--tokens`` each, end of text
   ignored) run alone, then again while image requests (a new image each, so each is encoded)
-  arrive every ``--interval`` seconds on another lane. Reported: the text lanes' decode rate
-  (tokens after the first over the time they took, summed over lanes) in both runs and its
-  ratio, and the image requests' first-token times.
+  arrive every ``--interval`` seconds on another lane, then while the same requests without their
+  image arrive (what any arrival costs). Reported: the text lanes' decode rate (tokens after the
+  first over the time they took, summed over lanes) in each run and its ratio to alone, and the
+  arrivals' first-token times.
 - **reuse**: one image and prompt sent twice: the encoder runs (``superfluid_images_encoded_total``)
   and the prompt tokens prefilled (``usage``: prompt minus cached) each time.
 - **preemption** (``--preemption``, against a ``--max-batch 1`` server): a background request with
@@ -87,13 +88,33 @@ async def neighbours(session, base: str, model: str, lanes: int, tokens: int, in
     await asyncio.gather(*(stream(session, base, b) for b in text))  # warm: prompts cached alike in both runs
     alone = await asyncio.gather(*(stream(session, base, b) for b in text))
     rng = random.Random(7)
-    images: list[dict] = []
+
+    def an_image():
+        return image_content(tuple(rng.randrange(256) for _ in range(3)))
+
+    def a_text():  # the same request without its image: what any arrival costs
+        return f"{rng.randrange(10 ** 6)} {QUESTION}"
+
+    out = {"text_lanes": lanes, "tokens": tokens, "interval_s": interval,
+           "decode_tok_s_alone": round(decode_rate(alone), 1)}
+    for name, content in (("images", an_image), ("text_arrivals", a_text)):
+        beside, arrived = await _with_arrivals(session, base, model, text, content, interval)
+        ttft = sorted(r["first"] - r["sent"] for r in arrived)
+        out[name] = {"decode_tok_s": round(decode_rate(beside), 1),
+                     "ratio": round(decode_rate(beside) / decode_rate(alone), 3), "arrivals": len(arrived),
+                     "ttft_p50_s": round(ttft[len(ttft) // 2], 3) if ttft else None}
+    return out
+
+
+async def _with_arrivals(session, base: str, model: str, text: list[dict], content, interval: float):
+    """The text lanes' runs while a request of ``content()`` arrives every ``interval`` s (one at a
+    time), and those requests' runs."""
+    arrived: list[dict] = []
     done = asyncio.Event()
 
     async def arrive():
         while not done.is_set():
-            rgb = tuple(rng.randrange(256) for _ in range(3))
-            images.append(await stream(session, base, chat(model, 8, image_content(rgb))))
+            arrived.append(await stream(session, base, chat(model, 8, content())))
             try:
                 await asyncio.wait_for(done.wait(), interval)
             except asyncio.TimeoutError:
@@ -103,11 +124,7 @@ async def neighbours(session, base: str, model: str, lanes: int, tokens: int, in
     beside = await asyncio.gather(*(stream(session, base, b) for b in text))
     done.set()
     await arrivals
-    ttft = sorted(r["first"] - r["sent"] for r in images)
-    return {"text_lanes": lanes, "tokens": tokens, "interval_s": interval,
-            "decode_tok_s_alone": round(decode_rate(alone), 1), "decode_tok_s_with_images": round(decode_rate(beside), 1),
-            "ratio": round(decode_rate(beside) / decode_rate(alone), 3), "images": len(images),
-            "image_ttft_p50_s": round(ttft[len(ttft) // 2], 3) if ttft else None}
+    return beside, arrived
 
 
 async def metric(session, base: str, name: str) -> float:
