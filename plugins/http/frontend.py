@@ -26,6 +26,7 @@ from .manage.admin import AdminRoutes
 from .manage.sessions import SessionRoutes
 from .openai.embeddings import EmbeddingRoutes
 from .openai.routes import OpenAIRoutes
+from .ollama.routes import OllamaRoutes
 from .openai.tokenize import TokenizeRoutes
 from .options import OPTIONS
 from .responses.routes import ResponsesRoutes
@@ -54,7 +55,9 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     ResponsesRoutes(daemon, config, openai).add_to(app)  # /v1/responses: OpenAI's Responses API (Codex)
     AnthropicRoutes(daemon, config, openai).add_to(app)  # /v1/messages: Anthropic's Messages API (Claude Code)
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
-    EmbeddingRoutes(daemon, config, openai.key_limits, catchup).add_to(app)
+    embeddings = EmbeddingRoutes(daemon, config, openai.key_limits, catchup)
+    embeddings.add_to(app)
+    OllamaRoutes(daemon, config, openai, embeddings).add_to(app)  # /api/…: Ollama's API (Open WebUI, editors)
     TokenizeRoutes(daemon).add_to(app)
     AdminRoutes(daemon).add_to(app)
     InfoRoutes(daemon, aliases).add_to(app)

@@ -23,10 +23,12 @@ class Wire:
     ``always_usage``: the stream needs the usage chunk at its end whether or not the client asked
     for it (``stream_options.include_usage``), because the API's closing event carries usage.
     ``ping_every``: seconds without an event after which :meth:`ping` is written (None: never),
-    so a client and the proxies between keep a stream open through a long prefill."""
+    so a client and the proxies between keep a stream open through a long prefill.
+    ``content_type``: what a stream is (server-sent events, or Ollama's NDJSON lines)."""
 
     always_usage = False
     ping_every: float | None = None
+    content_type = "text/event-stream"  # a stream's media type (Ollama's: NDJSON)
 
     def __init__(self):
         self.prep = None  # the Prepared request, once prepared

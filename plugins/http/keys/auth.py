@@ -43,8 +43,8 @@ log = logging.getLogger("superfluid.http")
 QOS_HEADER = "x-superfluid-qos"
 KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
 APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
-PUBLIC = ("/health",)       # liveness probes carry no key
-PROBES = ("/metrics", "/v1/models")  # what gateways scrape without a key, public under --http-open-probes
+PUBLIC = ("/health", "/", "/api/version")  # liveness probes carry no key (Ollama's clients probe / and its version)
+PROBES = ("/metrics", "/v1/models", "/api/tags", "/api/ps")  # scraped without a key, public under --http-open-probes
 QUERY_KEY = ("/events", "/dashboard")  # a browser's EventSource sends no headers: ?key=SECRET there only
 COST = "superfluid.auth_cost"  # request[COST]: the _Cost of its authentication and key limits
 

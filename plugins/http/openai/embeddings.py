@@ -95,7 +95,11 @@ class EmbeddingRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         arrived = time.monotonic()
-        req = await read_as(request, EmbeddingRequest)
+        return web.json_response(await self.embed(request, await read_as(request, EmbeddingRequest), arrived))
+
+    async def embed(self, request: web.Request, req: EmbeddingRequest, arrived: float) -> dict:
+        """The OpenAI embeddings body for a typed request: what ``/v1/embeddings`` answers, and
+        what another API's embedding route (Ollama's) translates."""
         runtime = self.daemon.get(served_name(request, req.model))
         check_model(request, runtime.name)
         runtime.loop.check_serves(embed=True)  # before tokenizing inputs it would not embed
@@ -127,8 +131,8 @@ class EmbeddingRoutes:
             log_generation(request, status=status, model=runtime.name, qos=cls, prompt_tokens=n_prompt,
                            completion_tokens=0, timings={}, finish=finish, arrived=arrived)
         data = [{"object": "embedding", "index": i, "embedding": encode(v, fmt)} for i, v in enumerate(vectors)]
-        return web.json_response({"object": "list", "data": data, "model": runtime.name,
-                                  "usage": {"prompt_tokens": counted, "total_tokens": counted}})
+        return {"object": "list", "data": data, "model": runtime.name,
+                "usage": {"prompt_tokens": counted, "total_tokens": counted}}
 
 
 class _Batch:

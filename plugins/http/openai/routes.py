@@ -147,7 +147,7 @@ class OpenAIRoutes:
 
     async def _stream(self, request, answer: "_Answer") -> web.StreamResponse:
         prep, shape, choices, wire = answer.prep, answer.shape, answer.choices, answer.wire
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+        resp = web.StreamResponse(headers={"Content-Type": wire.content_type,
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
 
