@@ -21,6 +21,31 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 # HF ``model_type`` -> basert arch. Gemma 3's text-only checkpoints say "gemma3_text".
 HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 
+# HF vision-language ``model_type`` -> where its language half's weights are: the prefix that
+# stands where a text-only checkpoint says ``model.`` (its head stays ``lm_head.weight``). Its
+# config nests the language half's under ``text_config``; the vision half is :mod:`.vision`'s.
+HF_VLM_TEXT_PREFIX = {"idefics3": "model.text_model."}
+
+
+def hf_text_config(config: dict[str, Any], name: str = "config.json") -> tuple[dict[str, Any], str]:
+    """(the language half's config, the prefix its weights carry instead of ``model.``): a
+    text-only config as it is; a SmolVLM / Idefics3 one's ``text_config``, whose weights are
+    under ``model.text_model.``."""
+    prefix = HF_VLM_TEXT_PREFIX.get(config.get("model_type"))
+    if prefix is None:
+        return config, "model."
+    text = dict(config.get("text_config") or {})
+    if not text.get("model_type"):
+        raise ConfigError(f"model {name!r}: a {config.get('model_type')} config without a text_config model_type")
+    return text, prefix
+
+
+def hf_architecture(config: dict[str, Any], name: str = "config.json") -> str:
+    """The basert arch of an HF config's language half (its own ``model_type`` if basert has none)."""
+    text, _ = hf_text_config(config, name)
+    model_type = str(text.get("model_type") or "")
+    return HF_MODEL_TYPES.get(model_type, model_type)
+
 
 @attrs.define(frozen=True)
 class RopeScaling:
@@ -90,7 +115,9 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], *, name: str = "config.json") -> "ModelShape":
-        """The shape an HF ``config.json`` describes (transformers 4 and 5 spellings alike)."""
+        """The shape an HF ``config.json`` describes (transformers 4 and 5 spellings alike); for
+        a vision-language model, its language half's."""
+        config, _ = hf_text_config(config, name)
         model_type = config.get("model_type")
         arch = HF_MODEL_TYPES.get(model_type)
         if arch is None:

@@ -29,7 +29,7 @@ import torch
 
 from superfluid.core.errors import ConfigError
 
-from .shape import SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, parse_rope_scaling
+from .shape import SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, hf_text_config, parse_rope_scaling
 
 # Quantization types read (via gguf.quants.dequantize). Others are refused by name.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -113,7 +113,15 @@ def _read_hf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict
     if not os.path.isfile(config_path):
         raise ConfigError(f"model {name!r}: {path} has no config.json")
     with open(config_path) as f:
-        shape = ModelShape.from_hf_config(json.load(f), name=name)
+        config = json.load(f)
+    shape = ModelShape.from_hf_config(config, name=name)
+    _, prefix = hf_text_config(config, name)
+    if prefix == "model.":
+        source_name = _hf_name
+    else:  # a vision-language model's language half: model.text_model.* (the head stays lm_head)
+        def source_name(key: str, shape: ModelShape) -> str:
+            hf = _hf_name(key, shape)
+            return prefix + hf[len("model."):] if hf.startswith("model.") else hf
 
     index_path = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index_path):
@@ -136,16 +144,16 @@ def _read_hf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict
                 found[key] = tuple(st.get_slice(key).get_shape())
     tied = "lm_head.weight" not in found  # absent head = tied, whatever the config claims
     shape = attrs.evolve(shape, tie_embeddings=tied)
-    _check(name, shape, found, _hf_name)
+    _check(name, shape, found, source_name)
 
     tensors: dict[str, torch.Tensor] = {}
     by_file: dict[str, list[str]] = {}
     for key in expected_shapes(shape):
-        by_file.setdefault(where[_hf_name(key, shape)], []).append(key)
+        by_file.setdefault(where[source_name(key, shape)], []).append(key)
     for file, keys in by_file.items():
         with safe_open(file, framework="pt") as st:
             for key in keys:
-                t = st.get_tensor(_hf_name(key, shape))
+                t = st.get_tensor(source_name(key, shape))
                 if shape.norm_plus_one and key.endswith("norm.weight"):
                     t = t.float() + 1.0  # HF Gemma stores w for a multiplier of (1 + w)
                 tensors[key] = _cast(key, t, shape, dtype)
