@@ -5,15 +5,22 @@ Startup does everything that can fail before any memory is committed: the device
 exist, the flags are in range, the architecture is one basert implements (read from the file's
 metadata before a single weight is read); then the weights load (validated on the host before
 they move to the device) and the KV pool is sized from the memory left. Any failure frees what
-was loaded, so no model is half-loaded."""
+was loaded, so no model is half-loaded.
+
+A SmolVLM / Idefics3 takes images: its vision half (:mod:`.vision`) is the mmproj GGUF beside a
+text GGUF (or set with ``mmproj``), or the vision weights in its Hugging Face directory. The
+constructor reads only its shape (to lay an image out in a prompt, ``ModelInfo.vision``); the
+tower loads with the language model in :meth:`BasertEngine.start`."""
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 from typing import Callable
 
+import attrs
 import psutil
 import torch
 
@@ -21,29 +28,46 @@ from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.constrain import Constrainer
 from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
+from superfluid.core.media import find_mmproj
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.vocab_engine import VocabEngine
 from superfluid.plugins.vocab import HFVocab, open_vocab
 from superfluid.plugins.vocab.constraints import lltokenizer
 
 from . import model as models
+from . import vision
 from .decode_graph import DecodeGraphs
 from .device import free_memory, resolve_decode, resolve_device, resolve_dtype
 from .kv_pool import PagedKV
 from .options import OPTIONS
 from .runner import PREFILL_STEP, BasertRunner
-from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS
+from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS, hf_architecture, hf_text_config
 
 log = logging.getLogger("superfluid.basert")
 
 DEFAULT_MAX_CONTEXT = 8192
 BLOCK_SIZE = 16
-def architecture(vocab) -> str:
+
+
+def architecture(vocab, config: dict | None = None, name: str = "config.json") -> str:
     """The model's architecture as the file states it (GGUF ``general.architecture``, HF
-    ``model_type``)."""
+    ``model_type``; a vision-language model's: its language half's)."""
     if isinstance(vocab, HFVocab):  # HF names (gemma3_text) mapped to basert's
+        if config is not None:
+            return hf_architecture(config, name)
         return HF_MODEL_TYPES.get(vocab.model_type, vocab.model_type)
     return getattr(vocab, "arch", "") or ""
+
+
+def _text_half_info(vocab, config: dict, name: str) -> None:
+    """A vision-language directory keeps its language half's width and context in
+    ``text_config``, where the HF vocabulary does not look: set them on its ModelInfo."""
+    text, prefix = hf_text_config(config, name)
+    if prefix == "model.":
+        return
+    info = vocab.info
+    vocab.info = attrs.evolve(info, n_embd=info.n_embd or int(text.get("hidden_size") or 0),
+                              n_ctx_train=info.n_ctx_train or int(text.get("max_position_embeddings") or 0))
 
 
 class BasertEngine(VocabEngine):
@@ -70,7 +94,18 @@ class BasertEngine(VocabEngine):
         self.decode_capture_s = 0.0
         self.pool_cells = int(core.kv_pool_cells or 0)
         vocab = open_vocab(self.path, model.name)
-        self.arch = architecture(vocab)
+        hf_config = None
+        try:
+            if isinstance(vocab, HFVocab):
+                with open(os.path.join(self.path, "config.json")) as f:
+                    hf_config = json.load(f)
+                _text_half_info(vocab, hf_config, model.name)
+            self.arch = architecture(vocab, hf_config, model.name)
+        except (OSError, ValueError, ConfigError) as exc:
+            vocab.close()
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"model {model.name!r}: unreadable config.json ({exc})") from None
         if self.arch not in SUPPORTED_ARCHS:
             vocab.close()
             raise ConfigError(f"model {model.name!r}: architecture {self.arch or 'unknown'!r} is not one "
@@ -85,11 +120,47 @@ class BasertEngine(VocabEngine):
             # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)
+        self.vision_src, self.vision_shape = self._vision(model, core.mmproj)
         self.stop_flag = StopFlag()  # in-process: the runner reads it between steps
         self.model = None
+        self.vision = None  # the vision tower, once started (a model that takes images)
         self.pool: PagedKV | None = None
         self.runner: BasertRunner | None = None
         self.constrainer = None
+
+    def _vision(self, model, configured: str | None) -> tuple[str | None, vision.VisionShape | None]:
+        """Where the vision half is and its shape (None, None: a text-only model), and the
+        layout it gives an image in a prompt (``info.vision``). An mmproj set with ``mmproj``
+        serves either kind of model file; a GGUF's is otherwise the one beside it, an HF
+        directory's its own vision weights. Any problem closes the vocabulary: a model that fails
+        here holds nothing."""
+        try:
+            if os.path.isdir(self.path):  # (find_mmproj would look beside the directory, not in it)
+                if configured and not os.path.isfile(configured):
+                    raise FileNotFoundError(f"mmproj file not found: {configured}")
+                mmproj = configured
+            else:
+                mmproj = find_mmproj(self.path, configured)
+            src = vision.source(self.path, mmproj)
+            if src is None:
+                return None, None
+            shape = vision.read_shape(src, name=model.name)
+
+            def token_id(text: str) -> int | None:
+                ids = self.vocab.tokenize(text, add_special=False, parse_special=True)
+                return ids[0] if len(ids) == 1 else None
+
+            layout = shape.layout(token_id)
+        except (OSError, ValueError, ConfigError) as exc:
+            self.vocab.close()
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"model {model.name!r}: {exc}") from None
+        self.info = attrs.evolve(self.info, vision=layout)
+        self.capabilities = attrs.evolve(self.capabilities, vision=True)
+        log.info("model %s: takes images through %s (%s: %d rows an image, %d px tiles)", model.name, src,
+                 layout.family, layout.rows, layout.tile)
+        return src, shape
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -100,6 +171,11 @@ class BasertEngine(VocabEngine):
             progress(f"loading {self.name}: weights on {self.device}")
         try:
             self.model = models.load(self.path, name=self.name, device=self.device, dtype=self.dtype)
+            if self.vision_src is not None:
+                if progress:
+                    progress(f"loading {self.name}: vision tower on {self.device}")
+                self.vision = vision.load(self.vision_src, name=self.name, device=self.device, dtype=self.dtype,
+                                          out_size=self.model.shape.hidden_size)
             self.pool = self._new_pool(self.model.shape)
             # in-process: the daemon's own vocabulary serves the token masks too (no second load)
             n_vocab = self.model.shape.vocab_size
@@ -109,7 +185,8 @@ class BasertEngine(VocabEngine):
             raise
         decoder = self._new_decoder(progress)
         self.runner = BasertRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
-                                 speculate=self.speculate, constrainer=self.constrainer, decoder=decoder)
+                                 speculate=self.speculate, constrainer=self.constrainer, decoder=decoder,
+                                 encoder=vision.encoder(self.vision) if self.vision is not None else None)
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
                  "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,
@@ -170,6 +247,7 @@ class BasertEngine(VocabEngine):
         self.runner = None
         self.pool = None
         self.model = None
+        self.vision = None
         self.constrainer = None
         gc.collect()
         if self.device.type == "cuda":
@@ -192,6 +270,11 @@ class BasertEngine(VocabEngine):
         if self.pool is not None:
             out.update(kv_blocks=self.pool.n_blocks, block_size=self.pool.block_size,
                        kv_blocks_used=self.pool.used_blocks())
+        if self.vision_shape is not None:
+            out["vision"] = {"source": self.vision_src, "tile": self.vision_shape.image_size,
+                             "rows": self.vision_shape.rows}
+            if self.runner is not None and self.runner.media is not None:
+                out["vision"]["encoded"] = self.runner.media.encodes
         if self.runner is not None and self.runner.gate is not None:
             gate = self.runner.gate
             out["speculation"] = {"drafted": gate.drafted, "accepted": gate.accepted,

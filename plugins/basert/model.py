@@ -158,11 +158,20 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim], broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: Attention) -> torch.Tensor:
-        """tokens, positions: flat [T]. Returns the final-normed hidden states [T, hidden]."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: Attention,
+                rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """tokens, positions: flat [T]. Returns the final-normed hidden states [T, hidden].
+
+        ``rows`` = (index [N], embeddings [N, hidden]): input rows that are not tokens (an image's
+        rows from the vision tower, core/media.py), which replace the token embeddings at those
+        flat indices; the tokens there are never read (any valid id will do). They enter as they
+        are: no embedding scale, which is a property of the token table."""
         x = self.embed(tokens)
         if self.shape.embed_scale != 1.0:
             x = x * self.embed_scale.to(x.dtype)
+        if rows is not None:
+            index, values = rows
+            x = x.index_copy(0, index, values.to(x.dtype))
         rope_global = self._rope(positions, self.inv_freq_global, x.dtype)
         rope_local = (self._rope(positions, self.inv_freq_local, x.dtype)
                       if self.shape.local_rope_theta else rope_global)

@@ -3,7 +3,10 @@ over a paged KV pool.
 
 One step is one forward pass over every lane with feed left: each decoding lane's last token
 (with its drafted tokens, when it speculates), then prefill chunks up to the step's token budget,
-all in one flat batch of tokens. The pool (:mod:`.kv_pool`) gives every row its pages and the
+all in one flat batch of tokens. A prompt's image rows (negative placeholder ids in the feed,
+core/media.py) go in that batch too: the vision tower encodes each image once (``self.media``, an
+:class:`~superfluid.core.media.EncoderCache`), and the image's rows replace the token embeddings
+at those positions (``Transformer.forward``'s ``rows``). The pool (:mod:`.kv_pool`) gives every row its pages and the
 attention reads them back; the head runs only on the rows something needs (the last row of a
 lane that samples, every row of a lane that verifies a draft or scores its prompt). Rows are
 then sampled together (:mod:`.sampler`: argmax on the device; a lone sampled lane on the host,
@@ -17,12 +20,15 @@ to host memory only when a step needs the room), and a step the pool cannot hold
 from __future__ import annotations
 
 import time
+from typing import Callable
 
+import numpy as np
 import torch
 
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
+from superfluid.core.media import EncoderCache, Image
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
@@ -77,8 +83,12 @@ class BasertRunner(tick_runner.TickRunner):
 
     def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag: StopFlag, *, device: torch.device,
                  speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
-                 decoder: DecodeGraphs | None = None):
+                 decoder: DecodeGraphs | None = None, encoder: Callable[[Image], np.ndarray] | None = None):
+        """``encoder``: an image to its embedding rows (:func:`.vision.encoder`), for a model
+        that takes images; without one a feed with placeholders is an error."""
         super().__init__(stop_flag, pool.n_blocks * pool.block_size)
+        if encoder is not None:
+            self.media = EncoderCache(encoder)
         self.model = model
         self.pool = pool
         self.decoder = decoder  # decode-only steps: FlexAttention on the pages, CUDA graphs
@@ -189,7 +199,13 @@ class BasertRunner(tick_runner.TickRunner):
         k = min(self.gate.draft_len(w.slot, n_decoding), left)
         if k <= 0:
             return []
-        return propose(self.pool.tokens(w.slot) + w.feed, k)
+        draft = propose(self.pool.tokens(w.slot) + w.feed, k)
+        # the history holds an image's placeholders: a draft never proposes one (no token is
+        # negative, and there is no image row to feed for it), so it ends before the first
+        for i, token in enumerate(draft):
+            if token < 0:
+                return draft[:i]
+        return draft
 
     # ---- the step ---------------------------------------------------------------------------
 
@@ -213,7 +229,7 @@ class BasertRunner(tick_runner.TickRunner):
         fed_tokens = [r.work.feed[:r.count] + r.draft for r in rows]
         flat = [t for toks in fed_tokens for t in toks]
         positions = [p for r in rows for p in range(r.start, r.start + r.width)]
-        hidden = self._forward(rows, spans, flat, positions)
+        hidden = self._forward(rows, spans, flat, positions, self._image_rows(rows, fed_tokens))
 
         wanted = [r.offset + i for r in rows for i in r.logit_rows()]
         logits = self.model.logits(hidden[wanted]) if wanted else None
@@ -253,7 +269,7 @@ class BasertRunner(tick_runner.TickRunner):
             self.pool.note_tokens(w.slot, start, fed)
             sampler = self.samplers.get(w.slot)
             if w.accept and sampler:
-                sampler.accept_fed(fed, start, w.replay_from)
+                self._accept_fed(sampler, fed, start, w.replay_from)
             targets = w.scored(r.count)
             if any(t is not None for t in targets):
                 host = row_logits[i].float().cpu().numpy()
@@ -293,17 +309,66 @@ class BasertRunner(tick_runner.TickRunner):
             at += rows[i].width
         return picks, drawn
 
-    def _forward(self, rows: list[_Row], spans, flat: list[int], positions: list[int]) -> torch.Tensor:
+    @staticmethod
+    def _accept_fed(sampler: LaneSampler, fed: list[int], start: int, replay_from: int | None) -> None:
+        """Hand fed tokens to a sampler that sees the feed, leaving out image placeholders (a
+        penalty or a grammar counts tokens, and no image row is one); each run of real tokens
+        keeps its own positions."""
+        i = 0
+        while i < len(fed):
+            if fed[i] < 0:
+                i += 1
+                continue
+            j = i
+            while j < len(fed) and fed[j] >= 0:
+                j += 1
+            sampler.accept_fed(fed[i:j], start + i, replay_from)
+            i = j
+
+    def _image_rows(self, rows: list[_Row], fed_tokens: list[list[int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(flat indices, embedding rows) of the step's image placeholders, None if it has none:
+        each run of placeholders in a row's feed takes the rows of the images that cover its
+        prompt positions (``Work.media``), encoded once per image by ``self.media``."""
+        index: list[int] = []
+        blocks: list[np.ndarray] = []
+        for r, toks in zip(rows, fed_tokens):
+            i = 0
+            while i < r.count:
+                if toks[i] >= 0:
+                    i += 1
+                    continue
+                j = i
+                while j < r.count and toks[j] < 0:
+                    j += 1
+                if self.media is None:
+                    raise ValueError(f"slot {r.work.slot}: an image placeholder reached a basert model without "
+                                     "a vision half")
+                blocks.append(self.media.row_block(r.work.media, r.start + i, j - i))
+                index.extend(range(r.offset + i, r.offset + j))
+                i = j
+        if not index:
+            return None
+        values = torch.from_numpy(np.concatenate(blocks) if len(blocks) > 1 else blocks[0])
+        return (torch.tensor(index, dtype=torch.long, device=self.device),
+                values.to(device=self.device, dtype=self.model.dtype))
+
+    def _forward(self, rows: list[_Row], spans, flat: list[int], positions: list[int],
+                 image_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The step's final hidden states: a decode-only step (one token per row) that fits the
-        decoder's buckets goes through it; any other through the gather path's ``StepView``."""
+        decoder's buckets and holds no image row goes through it; any other through the gather
+        path's ``StepView``, image rows in place of their placeholders' embeddings."""
         decoder = self.decoder
-        if decoder is not None and rows and len(rows) <= decoder.max_rows and all(r.width == 1 for r in rows):
+        if (decoder is not None and image_rows is None and rows and len(rows) <= decoder.max_rows
+                and all(r.width == 1 for r in rows)):
             hidden = decoder.hidden(flat, positions, self.pool.step_tables(spans))
             self.pool.step_done(spans)
             return hidden
+        if image_rows is not None:
+            flat = [max(t, 0) for t in flat]  # placeholders' embeddings are replaced: any valid id
         tokens_t = torch.tensor(flat, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return self.model(tokens_t, pos_t, self.pool.begin_step(spans))
+        return self.model(tokens_t, pos_t, self.pool.begin_step(spans), rows=image_rows)
 
     def _emit(self, w: Work, r: _Row, emitted: list[Pick]) -> None:
         """A verified row: the lane takes the emitted tokens (the accepted drafts, then the pick
