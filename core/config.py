@@ -109,6 +109,10 @@ def core_options() -> list[Option]:
         # Knobs more than one plugin reads are the core's (a plugin reads no other plugin's key).
         Option("host", str, "127.0.0.1", "address to listen on", metavar="ADDR"),  # the front end; KV events' topic
         Option("port", int, 8080, "port to listen on (0: any free port)", in_range(0, 65535), metavar="PORT"),
+        # TLS on that port: the front end's, and `superfluid fleet`'s options of the same names
+        Option("ssl-certfile", str, None, "serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile",
+               metavar="FILE.pem"),
+        Option("ssl-keyfile", str, None, "the PEM private key of --ssl-certfile (unencrypted)", metavar="FILE.pem"),
         Option("kv-pool-cells", int, 0, "cells (tokens) in an engine's shared KV pool, at least --max-context. "
                "llama.cpp: the pool of --kv-unified, sliding-window and recurrent models (0: lanes × context, "
                "capped by free memory); in a pool smaller than lanes × context, lanes beyond what it holds queue. "

@@ -30,15 +30,21 @@ def superfluid_configure(config):
 
 def _check_policy(config):
     """Before any model loads: a bad key policy stops here (a ConfigError naming the line and the
-    key), and so does an open door, a non-loopback --host with no key policy and no --insecure."""
+    key), and so does an open door, a non-loopback --host with no key policy and no --insecure,
+    --cors-origins '*' there without a key policy, and a TLS certificate or key that cannot serve."""
+    from superfluid.core.tls import server_context
+    from .cors import wildcard_refusal
     from .keys.auth import open_door
     from .keys.policy import load_policy
     opts = OPTIONS.of(config)
     if opts.key_policy:
         load_policy(opts.key_policy)
-    refusal = open_door(CORE_OPTIONS.of(config).host, opts.key_policy, bool(opts.insecure))
+    core = CORE_OPTIONS.of(config)
+    refusal = (open_door(core.host, opts.key_policy, bool(opts.insecure))
+               or wildcard_refusal(opts.cors_origins, core.host, opts.key_policy))
     if refusal:
         raise ConfigError(f"refusing to start: {refusal}")
+    server_context(core.ssl_certfile, core.ssl_keyfile)  # both or neither, readable, a matching pair
 
 
 @hookimpl

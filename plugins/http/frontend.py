@@ -9,10 +9,12 @@ import signal
 from aiohttp import web
 
 from superfluid.core.config import CORE_OPTIONS
+from superfluid.core.tls import server_context
 
 from .aliases import ALIASES, Aliases
 from .anthropic.routes import AnthropicRoutes
 from .catchup import LoopCatchup
+from .cors import Cors
 from .errors import json_errors
 from .events.hub import EventHub
 from .events.key_tally import TeeMetrics
@@ -43,10 +45,15 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     # json_errors outside authentication, so its 401s and 403s leave as JSON bodies in the API's shape
     limits = Limits.from_config(config)  # --max-body-mb and the other input limits
     # count_by_route outside them all: /metrics counts the status that left, whoever made it
-    app = web.Application(middlewares=[count_by_route, json_errors, auth.middleware(keys, config)],
+    # CORS preflights are answered before authentication: a browser sends them without the key
+    cors = Cors(OPTIONS.of(config).cors_origins)
+    app = web.Application(middlewares=[count_by_route, json_errors, *([cors.middleware()] if cors else []),
+                                       auth.middleware(keys, config)],
                           client_max_size=limits.max_body_bytes)
     app[LIMITS] = limits
     app.on_response_prepare.append(auth.qos_header(config))
+    if cors:
+        app.on_response_prepare.append(cors.on_prepare())  # streams (SSE) carry the CORS headers too
     served = list(daemon.models) or [m.name for m in getattr(config, "models", ())]
     aliases = app[ALIASES] = Aliases(OPTIONS.of(config).model_alias, served)
     openai = OpenAIRoutes(daemon, config, catchup, aliases)
@@ -98,15 +105,17 @@ class HttpFrontend:
         guard(self.runner)
         core = CORE_OPTIONS.of(self.config)
         host, port = core.host, core.port
-        site = web.TCPSite(self.runner, host, port, backlog=1024)
+        tls = server_context(core.ssl_certfile, core.ssl_keyfile)  # checked before the models loaded too
+        site = web.TCPSite(self.runner, host, port, backlog=1024, ssl_context=tls)
         await site.start()
         # the models' threads reach the catch-up through their tick hook (see catchup.py)
         self.daemon.pm.register(self.catchup, name=f"superfluid.http.catchup-{id(self)}")
         # and the /events hub its ticks (a tuple appended per tick) and finished lanes
         self.daemon.pm.register(self.events, name=f"superfluid.http.events-{id(self)}")
         port = self.runner.addresses[0][1] if self.runner.addresses else port
-        log.info("serving %s on http://%s:%s", ", ".join(self.daemon.models), host, port)
-        print(f"superfluid: serving {', '.join(self.daemon.models)} on http://{host}:{port}", flush=True)
+        scheme = "https" if tls is not None else "http"
+        log.info("serving %s on %s://%s:%s", ", ".join(self.daemon.models), scheme, host, port)
+        print(f"superfluid: serving {', '.join(self.daemon.models)} on {scheme}://{host}:{port}", flush=True)
 
     async def stop(self) -> None:
         if self._sighup:

@@ -21,6 +21,7 @@ from superfluid.core import qos
 from superfluid.core.options import Option, PluginOptions, in_range
 
 from .aliases import parse_alias
+from .cors import parse_origin
 from .input_limits import STOP_CAP, TOOLS_CAP
 from .keys.rate_limit import parse_rate
 
@@ -97,4 +98,8 @@ OPTIONS = PluginOptions("http", [
            "see `superfluid keys new`); re-read on SIGHUP", metavar="FILE.toml"),
     Option("insecure", bool, False, "serve a non-loopback --host without a --key-policy (anyone "
            "who reaches the port may use every model and /admin)"),
+    Option("cors-origins", list, [], "a web origin whose pages may call the API from a browser "
+           "(https://app.example.com, http://localhost:3000), or * for any (only with --key-policy or "
+           "a loopback --host); repeatable; TOML: cors-origins = [...]; default none",
+           parse=parse_origin, metavar="ORIGIN"),
 ])

@@ -13,6 +13,7 @@ from time import perf_counter
 
 from aiohttp import web
 
+from ..cors import ROUTE as PREFLIGHT_ROUTE
 from .metrics import METRICS
 
 log = logging.getLogger("superfluid.http")
@@ -22,7 +23,8 @@ UNMATCHED = "(no route)"
 def _route(request: web.Request) -> str | None:
     route = request.match_info.route
     resource = getattr(route, "resource", None)
-    return resource.canonical if resource is not None else None
+    # a CORS preflight matched no route (no OPTIONS handler): its path's pattern, found by cors.py
+    return resource.canonical if resource is not None else request.get(PREFLIGHT_ROUTE)
 
 
 @web.middleware
