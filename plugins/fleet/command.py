@@ -15,6 +15,7 @@ import sys
 from aiohttp import web
 
 from superfluid.core.errors import ConfigError
+from superfluid.core.tls import client_context, server_context
 
 from .config import FleetConfig, add_arguments, from_args  # noqa: F401  (add_arguments: the hook's)
 from .metrics import HeadMetrics
@@ -52,10 +53,12 @@ async def serve(config: FleetConfig) -> None:
         log.info("%d healthy node(s): %s", len(healthy), ", ".join(healthy) or "none")
         smg.nodes_changed()
 
-    monitor = NodeMonitor(config.nodes, config.discovery_file, on_change)
+    nodes_tls = client_context(config.ssl_cafile)  # https:// nodes: the system's CAs, and this file's
+    monitor = NodeMonitor(config.nodes, config.discovery_file, on_change, ssl=nodes_tls)
     smg = Smg(config.policy, config.smg_port, config.log_level,
-              desired=lambda: {n.url: n.models for n in monitor.healthy() if n.models})
-    fleet = FleetApp(smg, monitor, HeadMetrics(), config.policy)
+              desired=lambda: {n.url: n.models for n in monitor.healthy() if n.models}, ca_file=config.ssl_cafile)
+    fleet = FleetApp(smg, monitor, HeadMetrics(), config.policy, ssl=nodes_tls)
+    tls = server_context(config.ssl_certfile, config.ssl_keyfile)  # the head's own port
     # handler_cancellation: a client that leaves cancels its upstream call, so the node frees the lane
     runner = web.AppRunner(fleet.make_app(), access_log=None, handle_signals=False, handler_cancellation=True)
     stop = asyncio.Event()
@@ -66,10 +69,10 @@ async def serve(config: FleetConfig) -> None:
     await smg.start()
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else config.port
-        where = f"http://{config.host}:{port}"
+        where = f"{'https' if tls is not None else 'http'}://{config.host}:{port}"
         log.info("fleet head on %s: %d node(s), policy %s, SMG on %s", where, len(monitor.nodes),
                  config.policy, smg.base)
         print(f"superfluid fleet: serving on {where}", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ import attrs
 from superfluid.core.config import add_flags, option_values, read_toml
 from superfluid.core.errors import ConfigError
 from superfluid.core.options import Option, PluginOptions, Schema, in_range
+from superfluid.core.tls import client_context, server_context
 
 # SMG's routing policies (``smg launch --policy``), minus the ones that need something the head
 # does not give SMG: ``manual`` (a routing-key header per request), ``passthrough``.
@@ -97,6 +98,12 @@ OPTIONS = PluginOptions("fleet", [
            metavar="PORT"),
     Option("log-level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS), metavar="LEVEL",
            parse=str.lower),
+    Option("ssl-certfile", str, None, "serve the head over HTTPS with this PEM certificate (chain); needs "
+           "--ssl-keyfile", _non_empty, metavar="FILE.pem"),
+    Option("ssl-keyfile", str, None, "the PEM private key of --ssl-certfile (unencrypted)", _non_empty,
+           metavar="FILE.pem"),
+    Option("ssl-cafile", str, None, "PEM CA certificate(s) to verify https:// nodes with, besides the "
+           "system's (the head and SMG both use it)", _non_empty, metavar="FILE.pem"),
 ])
 """``superfluid fleet``'s own options: a command's, not ``serve``'s (never declared to its schema)."""
 
@@ -119,6 +126,9 @@ class FleetConfig:
     smg_port: int = 0  # 0: a free port, chosen at start
     log_level: str = "info"
     source: str = "flags"
+    ssl_certfile: str | None = None  # the head serves HTTPS with these two
+    ssl_keyfile: str | None = None
+    ssl_cafile: str | None = None  # what https:// nodes are verified with, besides the system's CAs
 
 
 def _refuse_keys(table: dict, source: str) -> None:
@@ -156,7 +166,13 @@ def from_args(args: argparse.Namespace) -> FleetConfig:
     opts = OPTIONS.of(values)
     config = FleetConfig(nodes=tuple(opts.nodes), discovery_file=opts.discovery_file, host=opts.host,
                          port=opts.port, policy=opts.policy, smg_port=opts.smg_port, log_level=opts.log_level,
-                         source=source)
+                         source=source, ssl_certfile=opts.ssl_certfile, ssl_keyfile=opts.ssl_keyfile,
+                         ssl_cafile=opts.ssl_cafile)
+    try:  # both or neither, readable, a matching pair; a CA file that parses
+        server_context(config.ssl_certfile, config.ssl_keyfile)
+        client_context(config.ssl_cafile)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if not config.nodes and not config.discovery_file:
         raise ConfigError(f"{source}: no nodes: give --node URL (repeatable), nodes = [...] in [fleet], "
                           f"or --discovery-file FILE")

@@ -78,7 +78,7 @@ class NodeMonitor:
     healthy whenever that set changes."""
 
     def __init__(self, static: tuple[str, ...], discovery_file: str | None,
-                 on_change: Callable[[list[str]], None]):
+                 on_change: Callable[[list[str]], None], ssl=None):
         self.static = tuple(static)
         self.discovery_file = discovery_file
         self.on_change = on_change
@@ -88,6 +88,7 @@ class NodeMonitor:
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self.changed = asyncio.Event()
+        self.ssl = ssl  # an SSLContext verifying https:// nodes (--ssl-cafile); None: the default
 
     def healthy(self, model: str | None = None) -> list[Node]:
         return [n for n in self.nodes.values() if n.healthy and (model is None or model in n.models)]
@@ -101,7 +102,8 @@ class NodeMonitor:
         return out
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+                                              connector=aiohttp.TCPConnector(ssl=self.ssl or True))
         self._reload_discovery()
         await self.poll_once()
         self._task = asyncio.create_task(self._run(), name="fleet-node-poll")

@@ -41,12 +41,12 @@ NODE_GONE_WAIT_S = 4.0  # ... once SMG no longer routes to that node (or after t
 
 
 class FleetApp:
-    def __init__(self, smg: Smg, monitor: NodeMonitor, head: HeadMetrics, policy: str):
+    def __init__(self, smg: Smg, monitor: NodeMonitor, head: HeadMetrics, policy: str, ssl=None):
         self.smg = smg
         self.monitor = monitor
         self.head = head
         self.policy = policy
-        self.relay = Relay(head)
+        self.relay = Relay(head, ssl)  # ssl: the context https:// nodes are verified with
         self.session_routes = SessionRoutes(self.relay, monitor)
         self.dashboard_routes = DashboardRoutes(self.relay, monitor)
         self.started = int(time.time())

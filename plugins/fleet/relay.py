@@ -93,12 +93,14 @@ def started(events: bytes) -> tuple[bool, str | None]:
 class Relay:
     """The head's client session for upstream calls, and the relaying itself."""
 
-    def __init__(self, head: HeadMetrics):
+    def __init__(self, head: HeadMetrics, ssl=None):
         self.head = head
         self.http: aiohttp.ClientSession | None = None
+        self.ssl = ssl  # an SSLContext verifying https:// nodes (--ssl-cafile); None: the default
 
     async def open(self) -> None:
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                                          connector=aiohttp.TCPConnector(ssl=self.ssl or True),
                                           auto_decompress=False)
 
     async def close(self) -> None:

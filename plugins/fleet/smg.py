@@ -50,8 +50,9 @@ class Smg:
     """One supervised ``smg launch`` on 127.0.0.1."""
 
     def __init__(self, policy: str, port: int = 0, log_level: str = "info",
-                 desired: Callable[[], dict[str, tuple[str, ...]]] = dict):
+                 desired: Callable[[], dict[str, tuple[str, ...]]] = dict, ca_file: str | None = None):
         self.policy = policy
+        self.ca_file = ca_file  # --ssl-cafile: SMG verifies https:// nodes with it too
         self.desired = desired  # node URL -> its models: what SMG should route to
         self.port = port or free_port()
         self.metrics_port = free_port()
@@ -83,7 +84,7 @@ class Smg:
                 "--control-plane-api-keys", f"fleet-head:superfluid fleet:admin:{self._admin_key}",
                 "--shutdown-grace-period-secs", "5",
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                "--log-level", smg_level]
+                "--log-level", smg_level] + (["--ca-cert-paths", self.ca_file] if self.ca_file else [])
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2),
