@@ -138,7 +138,8 @@ def test_the_head_uses_the_core_option_machinery(tmp_path):
     from superfluid.core.options import PluginOptions
     assert isinstance(fleet_config.OPTIONS, PluginOptions)
     assert {o.name for o in fleet_config.OPTIONS} == {"nodes", "discovery-file", "host", "port", "policy",
-                                                       "smg-port", "log-level"}
+                                                       "smg-port", "log-level", "ssl-certfile", "ssl-keyfile",
+                                                       "ssl-cafile"}
     assert fleet_config.OPTIONS.of({}).port == 8000
     with pytest.raises(ConfigError, match=r"^--port must be between 0 and 65535, got 70000$"):
         parse("--node", NODE, "--port", "70000")
