@@ -34,7 +34,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! .venv/bin/python -c 
     # basert's PyTorch first, pinned: an unpinned torch (or a range admitting a newer release)
     # pulls a CUDA build of several GB; 2.13.0 is the CPU build this machine's index serves
     pip_install "torch==2.13.0"
-    pip_install -e ".[dev,mlx,suite,basert,fleet]"
+    pip_install -e ".[dev,mlx,mlx-vlm,suite,basert,fleet]"
     # the plugin kit's examples, installed as a third party would install them (entry points)
     pip_install -e examples/fair-share -e examples/echo-engine
     echo "$want" > "$stamp"
