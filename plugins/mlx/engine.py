@@ -14,7 +14,7 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
-from . import worker
+from . import vision, worker
 from .constants import HIDDEN_STATE_MODELS
 from superfluid.plugins.vocab import open_vocab
 
@@ -43,7 +43,11 @@ class MlxEngine(WorkerEngine):
         if os.path.isdir(self.path) and not os.path.isfile(os.path.join(self.path, "config.json")):
             raise ConfigError(f"model {model.name!r}: {self.path} is not an mlx-lm model directory "
                               "(no config.json)")
-        self._take_vocab(model, open_vocab(self.path, model.name), DEFAULT_MAX_CONTEXT)
+        self.vision = vision.has_vision(self.path)  # a SmolVLM directory: images through mlx-vlm
+        vocab = open_vocab(self.path, model.name)
+        if self.vision:  # the language half's context and width sit in its text_config
+            vocab.info = attrs.evolve(vocab.info, **vision.text_facts(self.path))
+        self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
         self.capabilities = _capabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
@@ -53,11 +57,30 @@ class MlxEngine(WorkerEngine):
             generates=not CORE_OPTIONS.of(model).embedding_only,
             prefill_step_tokens=worker.PREFILL_STEP,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
+        if self.vision:
+            self._take_images(model)
         self.worker = WorkerProcess(model.name, "MLX worker")
+
+    def _take_images(self, model) -> None:
+        """Declare images: the layout the directory gives one (ConfigError without mlx-vlm, or for
+        a vision model not served)."""
+        def token_id(text: str) -> int | None:
+            ids = self.vocab.tokenize(text, add_special=False, parse_special=True)
+            return ids[0] if len(ids) == 1 else None
+
+        try:
+            layout = vision.layout(model.name, self.path, token_id)
+        except ConfigError:
+            self.vocab.close()
+            raise
+        self.info = attrs.evolve(self.info, vision=layout)
+        self.capabilities = attrs.evolve(self.capabilities, vision=True)
+        log.info("model %s: takes images through mlx-vlm (%s: %d rows an image, %d px tiles)", model.name,
+                 layout.family, layout.rows, layout.tile)
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes, max_context=self.max_context,
-                                 eog=frozenset(self.vocab.eog))
+                                 eog=frozenset(self.vocab.eog), vision=self.vision)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-mlx-{self.info.name}")
         log.info("model %s: MLX worker pid %s ready (mlx %s on %s, %s KV cells)", self.info.name,
                  info["pid"], info["mlx"], info["device"], info["n_ctx"])

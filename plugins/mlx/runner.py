@@ -18,6 +18,12 @@ same pass that fills the KV. Between steps the shared stop flag is
 read, so a cancelled lane or an urgent newcomer ends the tick at the next step; MLX cannot
 interrupt a step already running (``aborts_mid_step`` is False).
 
+A model with a vision half (``vision``: SmolVLM through mlx-vlm) runs its language half here
+like any text model; where a feed holds image placeholders (negative ids, core/media.py) the
+pass takes input rows instead of token ids (mlx-lm's ``input_embeddings``): the token
+embeddings, with the image's embedding rows (its encoder's, once per image: ``self.media``) at
+the placeholders. Text and image rows go in one pass; a feed of tokens only is run as before.
+
 Parking copies a slot's keys and values to numpy arrays (host memory); restoring builds fresh
 caches from them. A copy from another slot slices that slot's arrays up to the kept length.
 
@@ -36,6 +42,7 @@ from mlx_lm.models.cache import KVCache
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
+from superfluid.core.media import EncoderCache
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import Work, prefill_shares, takes_one, write_atomically
@@ -87,8 +94,11 @@ class MlxRunner(tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
-                 constrainer: Constrainer | None = None):
+                 constrainer: Constrainer | None = None, encoder=None):
         super().__init__(stop_flag, kv_capacity)
+        if encoder is not None:  # a vision model: an image to its embedding rows (vision.Encoder)
+            self.media = EncoderCache(encoder)
+        self._row_dtype = None  # image rows enter the model in the token embeddings' dtype
         self.constrainer = constrainer  # token masks for json_schema / grammar lanes (None: refused)
         self.model = model
         self.n_layers = len(model.layers)
@@ -234,32 +244,70 @@ class MlxRunner(tick_runner.TickRunner):
             return self.model.model.embed_tokens.as_linear(h)
         return self.model.lm_head(h)
 
-    def _last_logits(self, tokens: mx.array, cache) -> mx.array:
+    # ---- model calls: ``emb`` (None: the tokens' own embeddings) is the input rows of a feed that
+    # holds image placeholders (see _inputs); only then is mlx-lm's input_embeddings passed
+
+    def _logits(self, tokens: mx.array, cache, emb: mx.array | None = None) -> mx.array:
+        if emb is None:
+            return self.model(tokens, cache=cache)
+        return self.model(tokens, cache=cache, input_embeddings=emb)
+
+    def _last_logits(self, tokens: mx.array, cache, emb: mx.array | None = None) -> mx.array:
         """Logits of each row's last position (the head runs on the last position only where the
         model's layout is known)."""
         if self._last_only:
-            return self._head(self.model.model(tokens, cache)[:, -1:, :])[:, -1, :]
-        return self.model(tokens, cache=cache)[:, -1, :]
+            return self._head(self._hidden(tokens, cache, emb)[:, -1:, :])[:, -1, :]
+        return self._logits(tokens, cache, emb)[:, -1, :]
 
-    def _hidden(self, tokens: mx.array, cache) -> mx.array:
+    def _hidden(self, tokens: mx.array, cache, emb: mx.array | None = None) -> mx.array:
         """Final hidden states (after the final norm, before the head) of every position."""
         if not self._last_only:
             raise ValueError(f"embeddings need a model type in {sorted(HIDDEN_STATE_MODELS)}")
-        return self.model.model(tokens, cache)
+        if emb is None:
+            return self.model.model(tokens, cache)
+        return self.model.model(tokens, cache, input_embeddings=emb)
 
-    def _chunk(self, w: Work, tokens: mx.array, caches, completes: bool) -> _Fed:
+    def _inputs(self, w: Work, count: int) -> mx.array | None:
+        """The input rows of a lane's next ``count`` fed tokens when they hold image placeholders
+        (``count × hidden``): token embeddings, and at each placeholder the embedding row of the
+        image span covering its position (encoded once per image, :class:`EncoderCache`); None
+        for tokens only."""
+        fed = w.feed[:count]
+        if not w.media or min(fed) >= 0:
+            return None
+        if self.media is None:
+            raise ValueError("a lane with images reached an MLX runner of a model without a vision half")
+        embed = self.model.model.embed_tokens
+        parts: list[mx.array] = []
+        i = 0
+        while i < count:
+            image = fed[i] < 0
+            j = i
+            while j < count and (fed[j] < 0) == image:
+                j += 1
+            if image:
+                parts.append(mx.array(self.media.row_block(w.media, w.pos + i, j - i)))
+            else:
+                parts.append(embed(mx.array(fed[i:j])))
+            i = j
+        if self._row_dtype is None:  # the token embeddings' (a quantized table's weight is packed)
+            self._row_dtype = embed(mx.array([0])).dtype
+        parts = [p.astype(self._row_dtype) for p in parts]
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _chunk(self, w: Work, tokens: mx.array, caches, completes: bool, emb: mx.array | None = None) -> _Fed:
         """One prefilling lane's pass when something beyond the last row's logits is wanted:
         every row's logits for a scored prompt, the hidden states' sum for an embedding."""
         count = tokens.shape[1]
         if w.embed or self._last_only:
-            h = self._hidden(tokens, caches)
+            h = self._hidden(tokens, caches, emb)
             hsum = h[0].astype(mx.float32).sum(axis=0) if w.embed else None
             rows = self._head(h)[0] if w.targets else None
             last = None
             if completes:
                 last = rows[-1:] if rows is not None else self._head(h[:, -1:, :])[0]
             return _Fed(w, count, last, rows, hsum)
-        logits = self.model(tokens, cache=caches)[0]
+        logits = self._logits(tokens, caches, emb)[0]
         return _Fed(w, count, logits[-1:] if completes else None, logits, None)
 
     def advance(self, active: list[Work], plan: TickPlan, result: TickResult) -> bool:
@@ -270,30 +318,38 @@ class MlxRunner(tick_runner.TickRunner):
 
         pending: list[_Fed] = []
         if singles:
-            tokens = mx.array([[w.feed[0]] for w in singles])
+            tokens = mx.array([[max(w.feed[0], 0)] for w in singles])
+            rows = [self._inputs(w, 1) for w in singles]
+            emb = None
+            if any(r is not None for r in rows):  # an image row among them: every row as an embedding
+                embed = self.model.model.embed_tokens
+                emb = mx.stack([r if r is not None else embed(tokens[i]) for i, r in enumerate(rows)])
             if len(singles) == 1:
                 cache = self._slot(singles[0].slot)
             else:
                 cache = _batch_views([self._slot(w.slot) for w in singles])
             if any(w.embed for w in singles):
-                h = self._hidden(tokens, cache)
+                h = self._hidden(tokens, cache, emb)
                 logits = self._head(h)[:, -1, :]
             else:
-                h, logits = None, self._last_logits(tokens, cache)
+                h, logits = None, self._last_logits(tokens, cache, emb)
             for i, w in enumerate(singles):
                 row = logits[i:i + 1]
                 pending.append(_Fed(w, 1, row if w.sample and len(w.feed) == 1 else None,
                                     row if w.targets else None, h[i, -1].astype(mx.float32) if w.embed else None))
         for w, count in shares:
             caches = self._slot(w.slot)
-            tokens = mx.array([w.feed[:count]])
+            emb = self._inputs(w, count)
+            tokens = mx.array([[max(t, 0) for t in w.feed[:count]] if emb is not None else w.feed[:count]])
+            if emb is not None:
+                emb = emb[None]
             completes = count == len(w.feed) and w.sample
             if w.embed or w.targets:
-                pending.append(self._chunk(w, tokens, caches, completes))
+                pending.append(self._chunk(w, tokens, caches, completes, emb))
             elif completes:
-                pending.append(_Fed(w, count, self._last_logits(tokens, caches)))
+                pending.append(_Fed(w, count, self._last_logits(tokens, caches, emb)))
             else:
-                self.model.model(tokens, caches) if self._last_only else self.model(tokens, cache=caches)
+                self._hidden(tokens, caches, emb) if self._last_only else self._logits(tokens, caches, emb)
                 pending.append(_Fed(w, count))
 
         drawn: list[tuple[Work, mx.array]] = []  # plain lanes: tokens sampled in the step's graph
@@ -384,5 +440,5 @@ class _Fed:
 def _score(w: Work, targets: list[int | None], rows: np.ndarray) -> None:
     """Each fed position's target token's logprob (None: the feed ends the prompt there)."""
     for i, target in enumerate(targets):
-        if target is not None:
+        if target is not None and target >= 0:  # never a placeholder (images are not scored)
             w.result.prompt_logprobs.append(token_logprob(rows[i], target, w.score_top))

@@ -90,14 +90,15 @@ class LaneSampler:
                 self.constraint.accept(token)
 
     def accept_fed(self, tokens: list[int], start: int, generated_from: int | None) -> None:
-        """Tokens fed to the KV at positions ``start, start+1, ...``: the penalties see them all,
-        the constraint only those at or past ``generated_from`` (the prompt's end; None: the lane
-        has generated nothing yet), since it holds the generated text only."""
+        """Tokens fed to the KV at positions ``start, start+1, ...``: the penalties see them all
+        but image placeholders (negative ids, core/media.py: no token to penalise), the constraint
+        only those at or past ``generated_from`` (the prompt's end; None: the lane has generated
+        nothing yet), since it holds the generated text only."""
         if self.processors:
-            self.tokens.extend(tokens)
+            self.tokens.extend(t for t in tokens if t >= 0)
         if self.constraint is not None and generated_from is not None:
             for i, token in enumerate(tokens):
-                if start + i >= generated_from:
+                if start + i >= generated_from and token >= 0:
                     self.constraint.accept(token)
 
     def shape(self, raw: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ class WorkerSpec:
     max_context: int
     eog: frozenset
     step_tokens: int = PREFILL_STEP
+    vision: bool = False  # a SmolVLM directory: the vision half loads through mlx-vlm (vision.py)
 
 
 def kv_cells(max_lanes: int, max_context: int) -> int:
@@ -48,7 +49,13 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         from .runner import MlxRunner
 
         conn.send(("progress", 0))
-        model = loader.load(spec.path)
+        encoder = None
+        if spec.vision:
+            from . import vision
+
+            model, encoder = vision.load(spec.path)
+        else:
+            model = loader.load(spec.path)
         conn.send(("progress", 90))
         # Built once here, so a constrained lane's first tick does not pay for it.
         constrainer = VocabConstrainer(spec.path, logit_rows(model), spec.eog)
@@ -57,7 +64,12 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
     capacity = kv_cells(spec.max_lanes, spec.max_context)
-    runner = MlxRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer)
-    conn.send(("ready", {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()),
-                         "mlx": mx.__version__}))
+    runner = MlxRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer,
+                       encoder=encoder)
+    info = {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()), "mlx": mx.__version__}
+    if encoder is not None:
+        from importlib.metadata import version
+
+        info["mlx_vlm"] = version("mlx-vlm")  # the vision half's runtime, for /health
+    conn.send(("ready", info))
     serve_ticks(conn, runner)

@@ -1,0 +1,169 @@
+"""Images on MLX: a SmolVLM / Idefics3 Hugging Face directory, its vision half through mlx-vlm.
+
+mlx-vlm (the optional extra ``superfluid[mlx-vlm]``) reads the directory: its weight names, its
+quantization and SigLIP's patch-embedding layout are its own business. Of the model it builds
+only the vision tower and the connector are used, to encode an image (already resized to the
+tile by the front end) into its embedding rows (:class:`Encoder`). The language half is moved
+into mlx-lm's own ``llama.Model`` (the same arrays, no copy), so it runs in the runner's tick
+machinery exactly as a text model does (per-slot caches, batched decode, parking); the runner
+feeds the image rows through mlx-lm's ``input_embeddings`` where the prompt holds placeholders.
+
+The daemon side (:func:`layout`) reads only ``config.json`` and ``preprocessor_config.json``
+and imports no MLX: it decides whether the directory has a vision half, whether it is served,
+and how an image is laid out in a prompt."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+from superfluid.core.errors import ConfigError
+from superfluid.core.media import Image, VisionInfo, idefics3_layout
+
+#: HF ``model_type`` of the vision-language directories served (SmolVLM is an Idefics3)
+SERVED_TYPES = ("idefics3", "smolvlm")
+#: how to get mlx-vlm, for messages
+INSTALL = "pip install 'superfluid[mlx-vlm]'"
+DEFAULT_MEAN = DEFAULT_STD = (0.5, 0.5, 0.5)  # SmolVLM's, when the directory does not say
+
+
+def _json(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def hf_config(path: str) -> dict:
+    """A model directory's ``config.json`` ({} for a file or an unreadable config)."""
+    return _json(os.path.join(path, "config.json")) if os.path.isdir(path) else {}
+
+
+def has_vision(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face directory whose model has a vision half."""
+    return bool(hf_config(path).get("vision_config"))
+
+
+def mlx_vlm_installed() -> bool:
+    return importlib.util.find_spec("mlx_vlm") is not None
+
+
+def layout(model_name: str, path: str, token_id: Callable[[str], int | None]) -> VisionInfo:
+    """How the directory's model lays out an image (daemon side, no MLX import); ConfigError for
+    a model type not served, a missing mlx-vlm, or a vocabulary without the image tokens."""
+    config = hf_config(path)
+    kind = str(config.get("model_type") or "")
+    if kind not in SERVED_TYPES:
+        raise ConfigError(f"model {model_name!r}: {path} is a vision-language model of type {kind!r}, which the "
+                          f"MLX engine does not serve (served: {', '.join(SERVED_TYPES)}, i.e. SmolVLM / Idefics3)")
+    if not mlx_vlm_installed():
+        raise ConfigError(f"model {model_name!r}: {path} has a vision half, which the MLX engine runs through "
+                          f"mlx-vlm, and mlx-vlm is not installed ({INSTALL})")
+    vision = config["vision_config"]
+    try:
+        return idefics3_layout(int(vision.get("image_size", 224)), int(vision["patch_size"]),
+                               int(config.get("scale_factor", 2)), token_id)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"model {model_name!r}: {path}: {exc}") from None
+
+
+def text_facts(path: str) -> dict:
+    """The language half's training context and width (a VLM's config nests them under
+    ``text_config``, where a text model's tokenizer facts do not look)."""
+    text = hf_config(path).get("text_config") or {}
+    facts = {"n_ctx_train": int(text.get("max_position_embeddings") or 0), "n_embd": int(text.get("hidden_size") or 0)}
+    return {k: v for k, v in facts.items() if v}
+
+
+# ---- the worker side ------------------------------------------------------------------------------
+
+class Encoder:
+    """The vision tower and the connector of an mlx-vlm Idefics3 model: :meth:`__call__` turns an
+    image of ``tile`` × ``tile`` pixels into its ``rows × hidden`` float32 embedding rows."""
+
+    def __init__(self, vlm, mean, std):
+        cfg = vlm.config.vision_config
+        self.vision = vlm.vision_model
+        self.connector = vlm.connector
+        self.tile = int(cfg.image_size)
+        self.patch = int(cfg.patch_size)
+        self.mean, self.std = tuple(mean), tuple(std)
+
+    def __call__(self, image: Image) -> np.ndarray:
+        import mlx.core as mx
+
+        if (image.width, image.height) != (self.tile, self.tile):
+            raise ValueError(f"a {image.width}x{image.height} image reached a vision tower of "
+                             f"{self.tile}x{self.tile} tiles (the front end resizes images to the tile)")
+        # mlx-vlm's convolution is channels-last: 1 × H × W × 3
+        pixels = mx.array(image.normalised(self.mean, self.std).transpose(1, 2, 0)[None])
+        side = self.tile // self.patch
+        patches = mx.ones((1, side, side), dtype=mx.bool_)
+        pooled, *_ = self.vision(pixels, patch_attention_mask=patches, output_hidden_states=True)
+        rows = self.connector(pooled.astype(pixels.dtype))[0]
+        return np.array(rows.astype(mx.float32))
+
+
+def _language_half(vlm):
+    """mlx-lm's ``llama.Model`` holding the VLM's language half (its arrays, quantized as mlx-vlm
+    loaded them)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    from .loader import ModelLoadError
+
+    tc = vlm.config.text_config
+    if tc.model_type != "llama":
+        raise ModelLoadError(f"the MLX engine runs a llama language half behind a vision tower, not {tc.model_type!r}")
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=tc.hidden_size, num_hidden_layers=tc.num_hidden_layers,
+        intermediate_size=tc.intermediate_size, num_attention_heads=tc.num_attention_heads,
+        rms_norm_eps=tc.rms_norm_eps, vocab_size=tc.vocab_size, num_key_value_heads=tc.num_key_value_heads,
+        head_dim=tc.hidden_size // tc.num_attention_heads,  # as mlx-vlm's attention computes it
+        max_position_embeddings=tc.max_position_embeddings, rope_theta=tc.rope_theta,
+        rope_traditional=tc.rope_traditional,
+        tie_word_embeddings=False)  # mlx-vlm's language half always holds its own lm_head
+    model = llama.Model(args)
+    source = vlm.language_model
+
+    def ours(name: str) -> str:  # mlx-vlm's name -> mlx-lm's
+        return name if name.startswith("lm_head") else f"model.{name}"
+
+    quantized = {ours(name): m for name, m in source.named_modules() if hasattr(m, "bits")}
+
+    def quant_params(path: str, module) -> dict | bool:
+        m = quantized.get(path)
+        if m is None or not hasattr(module, "to_quantized"):
+            return False
+        return {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+
+    if quantized:
+        nn.quantize(model, class_predicate=quant_params)
+    model.load_weights([(ours(name), value) for name, value in tree_flatten(source.parameters())], strict=True)
+    model.eval()
+    return model
+
+
+def load(path: str):
+    """(language model, :class:`Encoder`) for a SmolVLM / Idefics3 directory."""
+    import mlx.core as mx
+    from pathlib import Path
+
+    from mlx_vlm.utils import load_model
+
+    vlm = load_model(Path(path))
+    if not hasattr(vlm, "connector") or not hasattr(vlm, "vision_model"):
+        from .loader import ModelLoadError
+
+        raise ModelLoadError(f"{path}: mlx-vlm built a {type(vlm).__module__} model, not an Idefics3 / SmolVLM")
+    pre = _json(os.path.join(path, "preprocessor_config.json"))
+    encoder = Encoder(vlm, pre.get("image_mean") or DEFAULT_MEAN, pre.get("image_std") or DEFAULT_STD)
+    model = _language_half(vlm)
+    mx.eval(model.parameters())
+    return model, encoder
