@@ -76,7 +76,8 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
     schemas = doc["components"]["schemas"]
     for name in ("ChatCompletionRequest", "CompletionRequest", "InfillRequest", "SessionCreateRequest",
                  "EmbeddingRequest", "TokenizeRequest", "DetokenizeRequest", "ResponsesRequest",
-                 "ResponsesInputTokensRequest", "MessagesRequest", "CountTokensRequest"):
+                 "ResponsesInputTokensRequest", "MessagesRequest", "CountTokensRequest", "OllamaChatRequest",
+                 "OllamaGenerateRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest", "OllamaShowRequest"):
         schemas[name]["properties"]["model"] = {"type": "string", "enum": [*models, "", "no-such-model"],
                                                 "nullable": True}
     if bounded:
@@ -86,6 +87,11 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
                 if key in schemas[name]["properties"]:
                     schemas[name]["properties"][key] = {"type": "integer", "minimum": 1, "maximum": 8,
                                                         "nullable": key not in schemas[name].get("required", ())}
+        # Ollama generates to the end of the context unless num_predict says otherwise
+        schemas["OllamaOptions"]["properties"]["num_predict"] = {"type": "integer", "minimum": 1, "maximum": 8}
+        schemas["OllamaOptions"]["required"] = ["num_predict"]
+        for name in ("OllamaChatRequest", "OllamaGenerateRequest"):
+            schemas[name]["required"] = [*schemas[name].get("required", []), "options"]
         # a response needs something to answer (the schema cannot say "input or instructions")
         schemas["ResponsesRequest"]["required"] = ["input"]
         for variant in schemas["EmbeddingRequest"]["properties"]["input"]["anyOf"]:

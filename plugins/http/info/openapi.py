@@ -15,6 +15,7 @@ from .openapi_ops import BODY, ERRORS, GENERATE, INVARIANT_HEADER, NAME, QOS_HEA
 from .openapi_schema import BOOL, json_body, obj, ref, string
 from ..anthropic.openapi import paths as anthropic_paths
 from ..responses.openapi import paths as responses_paths
+from ..ollama.openapi import paths as ollama_paths
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -122,6 +123,7 @@ def _paths() -> dict:
             op_id="loadModel")},
         **responses_paths(),  # /v1/responses… (responses/openapi.py)
         **anthropic_paths(),  # /v1/messages… (anthropic/openapi.py)
+        **ollama_paths(),  # /api/… (ollama/openapi.py)
     }
 
 

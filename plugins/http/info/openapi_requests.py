@@ -18,12 +18,15 @@ from ..openai.protocol import (CompletionRequest, DetokenizeRequest, EmbeddingRe
                                TokenizeRequest)
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest
 from ..responses.protocol import ResponsesInputTokensRequest, ResponsesRequest
+from ..ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest,
+                               OllamaShowRequest)
 
 REF = "#/components/schemas/{model}"
 # each route's body, by the component name the route table refers to (the class's own name)
 REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest,
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
-            LoadRequest, ResponsesRequest, ResponsesInputTokensRequest, MessagesRequest, CountTokensRequest)
+            LoadRequest, ResponsesRequest, ResponsesInputTokensRequest, MessagesRequest, CountTokensRequest,
+            OllamaChatRequest, OllamaGenerateRequest, OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest)
 
 
 def openapi30(node):

@@ -37,6 +37,7 @@ from ..body import read_as
 from ..errors import shape_errors_under
 from ..keys.auth import check_model
 from ..openai.protocol import EmbeddingRequest
+from ..prepare.qos_class import request_class
 from ..typed import parse
 from .mapping import chat_request, generate_request
 from .protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest,
@@ -115,6 +116,7 @@ class OllamaRoutes:
     def _loaded(self, request, req, chat: bool) -> web.Response:
         """A request with nothing to generate: Ollama's load (or, with keep_alive 0, unload)."""
         self._runtime(request, req.model)  # a 404 for a model not served
+        request_class(request, self.config, None)  # a bad x-superfluid-qos is a 400 here too
         reason = "unload" if req.keep_alive in (0, "0", "0s", "0m") else "load"
         body = {"model": req.model, "created_at": now_iso(), "done": True, "done_reason": reason}
         body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
