@@ -23,7 +23,7 @@ OPTION_RULES: dict[str, str] = {
     "stop": "honored", "num_predict": "honored: the reply's limit (-1 or -2: the rest of the context)",
     "num_ctx": "checked: at most the lane's context (a 400 above it, never a silent cut); the prompt and reply "
                "must fit within it",
-    "repeat_penalty": "honored", "repeat_last_n": "honored (the penalties' window)",
+    "repeat_penalty": "honored", "repeat_last_n": "ignored: the penalties' window is 64 tokens",
     "presence_penalty": "honored", "frequency_penalty": "honored",
     "num_keep": "ignored: nothing is cut from the prompt (a prompt that does not fit is a 400)",
     "typical_p": "refused unless 1 (not implemented)", "tfs_z": "refused unless 1 (not implemented)",
@@ -41,7 +41,7 @@ OPTION_RULES: dict[str, str] = {
 class OllamaOptions(Lenient):
     """``options``: sampling and limits (see :data:`OPTION_RULES`)."""
 
-    temperature: Annotated[float, Field(ge=0, le=5, allow_inf_nan=False)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
