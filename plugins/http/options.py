@@ -98,6 +98,11 @@ OPTIONS = PluginOptions("http", [
            "see `superfluid keys new`); re-read on SIGHUP", metavar="FILE.toml"),
     Option("insecure", bool, False, "serve a non-loopback --host without a --key-policy (anyone "
            "who reaches the port may use every model and /admin)"),
+    Option("reasoning-field", str, "reasoning_content", "the name chat completions give a reasoning "
+           "model's reasoning, in message and delta: reasoning_content (DeepSeek's, vLLM's) or reasoning "
+           "(OpenRouter's, newer vLLM's); requests' history may use either",
+           lambda v: None if v in ("reasoning_content", "reasoning") else "must be reasoning_content or reasoning",
+           metavar="reasoning_content|reasoning"),
     Option("cors-origins", list, [], "a web origin whose pages may call the API from a browser "
            "(https://app.example.com, http://localhost:3000), or * for any (only with --key-policy or "
            "a loopback --host); repeatable; TOML: cors-origins = [...]; default none",

@@ -30,8 +30,20 @@ class Wire:
     ping_every: float | None = None
     content_type = "text/event-stream"  # a stream's media type (Ollama's: NDJSON)
 
-    def __init__(self):
+    def __init__(self, reasoning_field: str = "reasoning_content"):
         self.prep = None  # the Prepared request, once prepared
+        self.reasoning_field = reasoning_field  # OpenAI's name for a reasoning model's reasoning
+
+    def _renamed(self, body: dict) -> dict:
+        """``body`` with ``reasoning_content`` (message, delta) named :attr:`reasoning_field`."""
+        if self.reasoning_field == "reasoning_content":
+            return body
+        for choice in body.get("choices") or ():
+            for key in ("message", "delta"):
+                part = choice.get(key)
+                if part and "reasoning_content" in part:
+                    part[self.reasoning_field] = part.pop("reasoning_content")
+        return body
 
     def prepared(self, prep) -> None:
         """The request is prepared (its prompt tokenized, its model chosen), not yet queued: a
@@ -42,7 +54,7 @@ class Wire:
 
     def whole(self, body: dict) -> web.StreamResponse:
         """The response for the complete ``chat.completion`` (or text completion) ``body``."""
-        return web.json_response(body)
+        return web.json_response(self._renamed(body))
 
     def error(self, exc: BaseException | None) -> web.StreamResponse:
         """The response of a generation that failed before its reply was sent."""
@@ -56,7 +68,7 @@ class Wire:
 
     def chunk(self, chunk: dict) -> list[bytes]:
         """The bytes for one chunk object (a choice's role, text, tool calls or finish)."""
-        return [sse(chunk)]
+        return [sse(self._renamed(chunk))]
 
     def stream_error(self, exc: BaseException | None) -> list[bytes]:
         """What a stream that failed midway ends with (OpenAI's: the error object, then [DONE])."""

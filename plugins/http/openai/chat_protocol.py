@@ -45,6 +45,9 @@ class ChatMessage(Lenient):
     name: str | None = Field(None, description="the author's name, passed to the chat template")
     content: Content | None = Field(None, validate_default=True,
                                     description="required unless an assistant message carries tool_calls")
+    reasoning_content: str | None = Field(None, description="assistant messages: a reasoning model's reasoning "
+                                                            "(given to the chat template, which may render it)")
+    reasoning: str | None = Field(None, description="another name of reasoning_content")
 
     @field_validator("tool_calls")
     @classmethod
@@ -86,6 +89,9 @@ class ChatMessage(Lenient):
             out["tool_calls"] = [c.model_dump(exclude_unset=True) for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        thought = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if thought is not None and self.role == "assistant":
+            out["reasoning_content"] = thought  # Qwen3's template renders it; most ignore it
         return out
 
 
@@ -183,7 +189,14 @@ class ChatFields(GenerationFields):
     service_tier: str | None = Field(None, description="accepted and ignored")
     store: bool | None = Field(None, description="accepted and ignored")
     metadata: dict[str, Any] | None = Field(None, description="accepted and ignored")
-    reasoning_effort: str | None = Field(None, description="accepted and ignored")
+    reasoning_effort: str | None = Field(None, description="a reasoning model's switch: none or minimal renders "
+                                         "the chat template with enable_thinking false, any other value with "
+                                         "true; a template without the switch ignores it")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template (e.g. {\"enable_thinking\": false}); "
+                          "they win over reasoning_effort")
+    grammar: str | None = Field(None, description="llama-server's: a GBNF grammar (root rule root) the reply "
+                                                  "follows; not with a JSON response_format or a forced tool call")
     safety_identifier: str | None = Field(None, description="accepted and ignored")
     prompt_cache_key: str | None = Field(None, description="accepted and ignored: prompts are cached by their tokens")
 

@@ -23,7 +23,11 @@ class Choice:
         self.prep = prep
         self.shape = shape
         self.text = text
-        self.parts: list[str] = []  # the generated text, as released
+        self.parts: list[str] = []  # the generated text, as released (a reasoning model's: its answer)
+        self.thoughts: list[str] = []  # a reasoning model's reasoning, as released
+        self.thinker = (prep.reasoning.parser() if getattr(prep, "reasoning", None) is not None
+                        and shape.kind == "chat" and not prep.score_only else None)
+        self.reasoning_tokens = 0  # tokens generated inside the reasoning span
         self.logprobs: list = []  # the generated tokens' TokenLogprobs (a reply sent whole)
         self.parser = tool_parse.StreamParser(prep.tools) if prep.stream and prep.tools.active else None
         self.streamed_logprobs = (CompletionLogprobs(text, prep.logprobs)
@@ -31,6 +35,11 @@ class Choice:
         self.event = None  # the lane's final event, once it finished
         self.parsed = None  # the reply split into content and calls (tools were offered)
         self.generated = 0  # completion tokens seen so far: what the key's tokens-per-minute is charged
+
+    @property
+    def reasoning(self) -> str:
+        """A reasoning model's reasoning ("" for others)."""
+        return "".join(self.thoughts)
 
     @property
     def reply(self) -> str:
@@ -44,15 +53,29 @@ class Choice:
         if self.prep.score_only:  # the one token generated to score the prompt is not the reply's
             return []
         self.generated += len(event.token_ids)
-        self.parts.append(event.text)
+        thought, answer = self._split(event.text, len(event.token_ids))
+        self.parts.append(answer)
         if not self.prep.stream:
             self.logprobs.extend(event.logprobs)
             return []
-        text = self.parser.feed(event.text) if self.parser and event.text else event.text
+        text = self.parser.feed(answer) if self.parser and answer else answer
         logprobs = self._chunk_logprobs(event.logprobs)
-        if not text and not (logprobs and event.logprobs):
+        if not text and not thought and not (logprobs and event.logprobs):
             return []
-        return [self.shape.chunk(text=text, index=self.index, logprobs=logprobs)]
+        return [self.shape.chunk(text=text, index=self.index, logprobs=logprobs, reasoning=thought)]
+
+    def _split(self, text: str, tokens: int = 0) -> tuple[str, str]:
+        """(reasoning, answer) of a delta's text; ``tokens``: how many tokens made it (counted as
+        reasoning when the delta is in the span and adds nothing to the answer)."""
+        if self.thinker is None:
+            return "", text
+        was_inside = self.thinker.in_span
+        thought, answer = self.thinker.feed(text) if text else ("", "")
+        if (was_inside or self.thinker.in_span or thought) and not answer:
+            self.reasoning_tokens += tokens
+        if thought:
+            self.thoughts.append(thought)
+        return thought, answer
 
     def _chunk_logprobs(self, logprobs) -> dict | None:
         if self.prep.logprobs is None:
@@ -67,11 +90,20 @@ class Choice:
             event = attrs.evolve(event, completion_tokens=0, finish_reason="length")
         self.event = event
         self.generated = max(self.generated, event.completion_tokens)
+        thought, answer = "", ""
+        if self.thinker is not None:  # what it held back (a cut-off span's end is reasoning)
+            thought, answer = self.thinker.finish()
+            if thought:
+                self.thoughts.append(thought)
+            self.parts.append(answer)
         if self.prep.tools.active and not self.parser:
             self.parsed = tool_parse.parse(self.reply, event.finish_reason, self.prep.tools)
         if not self.prep.stream:
             return []
         chunks, finish = [], event.finish_reason
+        text = self.parser.feed(answer) if self.parser and answer else answer
+        if thought or text:
+            chunks.append(self.shape.chunk(text=text, index=self.index, reasoning=thought))
         if self.parser:  # what was held back: the rest of the content, then the calls whole
             rest, self.parsed = self.parser.finish(finish)
             if rest:
@@ -111,7 +143,8 @@ class Choice:
         if self.shape.kind == "chat":
             if top is not None:
                 logprobs = chat_object(chat_entries(self.logprobs, self.text, top))
-            return self.shape.choice(self.reply, self.event, self.parsed, index=self.index, logprobs=logprobs)
+            return self.shape.choice(self.reply, self.event, self.parsed, index=self.index, logprobs=logprobs,
+                                     reasoning=self.reasoning if self.thinker is not None else None)
         if top is not None:
             built = CompletionLogprobs(self.text, top)
             if self.prep.echo is not None:

@@ -87,6 +87,8 @@ class CompletionRequest(GenerationFields):
                                                  "scored too)")
     best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = Field(
         None, description="must equal n (no server-side ranking)")
+    grammar: str | None = Field(None, description="llama-server's: a GBNF grammar (root rule root) the "
+                                                  "completion follows")
 
     @field_validator("echo")
     @classmethod

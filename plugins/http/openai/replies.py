@@ -58,14 +58,19 @@ def error_reply(exc: BaseException | None) -> web.Response:
     return error_response(500, f"generation failed: {exc}")
 
 
-def _usage(events) -> dict:
+def _usage(events, reasoning_tokens: int | None = None) -> dict:
     """``usage`` of one lane's final event, or of several (the choices of one reply, which share
-    their prompt): the prompt counted once, completion tokens summed."""
+    their prompt): the prompt counted once, completion tokens summed; ``reasoning_tokens`` (a
+    reasoning model's: those of its reasoning span, part of the completion tokens) adds
+    ``completion_tokens_details``."""
     events = events if isinstance(events, (list, tuple)) else [events]
     first, completion = events[0], sum(e.completion_tokens for e in events)
-    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": first.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+    out = {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+           "total_tokens": first.prompt_tokens + completion,
+           "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": min(reasoning_tokens, completion)}
+    return out
 
 
 class Shape:
@@ -88,12 +93,14 @@ class Shape:
                 "choices": choices}
 
     def choice(self, text: str, event, parsed: Parsed | None = None, *, index: int = 0,
-               logprobs: dict | None = None) -> dict:
+               logprobs: dict | None = None, reasoning: str | None = None) -> dict:
         """One choice of a reply sent whole; ``parsed``: the reply split into content and calls
         (tools were offered). ``stop_reason`` is the stop string that ended it, or null (vLLM's
         field; Anthropic's ``stop_sequence`` is read from it)."""
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
+            if reasoning:  # a reasoning model's (the wire may rename it: --reasoning-field)
+                message["reasoning_content"] = reasoning
             finish = event.finish_reason
             if parsed is not None:
                 message["content"], finish = parsed.content, parsed.finish_reason
@@ -112,16 +119,18 @@ class Shape:
                     "tokens_evaluated": event.prompt_tokens, "usage": _usage(event)}
         return self.replies([self.choice(text, event, parsed, logprobs=logprobs)], [event])
 
-    def replies(self, choices: list[dict], events: list) -> dict:
+    def replies(self, choices: list[dict], events: list, reasoning_tokens: int | None = None) -> dict:
         """The body of a reply sent whole with these choices (index order) and their lanes' final
         events; ``timings`` are the first choice's, its ``predicted_n`` all of theirs."""
         timings = server_timings(events[0])
         if len(events) > 1:
             timings["predicted_n"] = sum(e.completion_tokens for e in events)
-        return {**self._envelope(choices, chunk=False), "usage": _usage(events), "timings": timings}
+        return {**self._envelope(choices, chunk=False), "usage": _usage(events, reasoning_tokens),
+                "timings": timings}
 
     def chunk(self, text: str = "", finish: str | None = None, role: bool = False, event=None,
-              tool_calls: list | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+              tool_calls: list | None = None, *, index: int = 0, logprobs: dict | None = None,
+              reasoning: str = "") -> dict:
         """One streamed chunk of choice ``index``: the opening role (chat), text, the calls, or
         the finish."""
         if self.kind == "infill":
@@ -132,6 +141,8 @@ class Shape:
             return out
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if tool_calls:
                 delta["tool_calls"] = tool_calls
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -141,9 +152,9 @@ class Shape:
             choice["stop_reason"] = event.stop_string  # the stop string that ended it (vLLM's field)
         return self._envelope([choice], chunk=True)
 
-    def usage_chunk(self, events) -> dict:
+    def usage_chunk(self, events, reasoning_tokens: int | None = None) -> dict:
         """The last chunk of a stream with ``stream_options.include_usage`` (``events``: the final
         event of each choice, or the one)."""
         events = events if isinstance(events, (list, tuple)) else [events]
-        body = self.replies([], events)
+        body = self.replies([], events, reasoning_tokens)
         return {**self._envelope([], chunk=True), "usage": body["usage"], "timings": body["timings"]}

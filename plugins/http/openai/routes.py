@@ -25,6 +25,7 @@ from ..keys.auth import door_time, request_key
 from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
+from ..options import OPTIONS
 from ..wire import Wire
 from .chat_protocol import ChatCompletionRequest, ChatFields
 from .choices import Choice
@@ -38,6 +39,7 @@ class OpenAIRoutes:
         self.config = config
         self.catchup = catchup  # the front end's LoopCatchup: its bridges count wake-ups on it
         self.preparer = Preparer(daemon, config, aliases=aliases)
+        self.reasoning_field = OPTIONS.of(config).reasoning_field  # chat's name for the reasoning
         self.images = ImageLoader(config)
         self.key_limits = KeyLimits(metrics=METRICS)  # per-key requests/tokens per minute and lanes
 
@@ -93,7 +95,7 @@ class OpenAIRoutes:
         ``qos`` (default: the request's and the headers') let other routes (sessions) reuse
         this; ``on_finish`` hears the complete reply before the response ends, ``wire`` writes
         it (see :meth:`generate_chat`)."""
-        wire = wire if wire is not None else Wire()
+        wire = wire if wire is not None else Wire(reasoning_field=self.reasoning_field)
         await self.load_images(req, model)
         prep = self.preparer.prepare(request, req, arrived=arrived, make_sink=self._sink, qos=qos, model=model,
                                      limit_is_ceiling=limit_is_ceiling)
@@ -143,7 +145,8 @@ class OpenAIRoutes:
         if answer.shape.kind == "infill":
             return answer.wire.whole(answer.shape.whole(choices[0].reply, events[0]))
         scores = events[0].prompt_logprobs  # only the first choice's lane scores a prompt
-        return answer.wire.whole(answer.shape.replies([c.whole(scores) for c in choices], events))
+        return answer.wire.whole(answer.shape.replies([c.whole(scores) for c in choices], events,
+                                                      answer.reasoning_tokens()))
 
     async def _stream(self, request, answer: "_Answer") -> web.StreamResponse:
         prep, shape, choices, wire = answer.prep, answer.shape, answer.choices, answer.wire
@@ -190,8 +193,8 @@ class OpenAIRoutes:
         await write(held or ())  # never scored (it cannot happen to a lane that finished): what it made
         if not failed:
             answer.finished()
-            usage = (shape.usage_chunk([c.event for c in choices]) if prep.include_usage or wire.always_usage
-                     else None)
+            usage = (shape.usage_chunk([c.event for c in choices], answer.reasoning_tokens())
+                     if prep.include_usage or wire.always_usage else None)
             for data in wire.closing(usage):
                 await resp.write(data)
             answer.log(request, 200, event=answer.summed())
@@ -269,6 +272,12 @@ class _Answer:
         self.on_finish = on_finish  # on_finish(text, event, prompt_tokens, parsed): for a session's log
         text = TokenText(prep.runtime.engine.token_bytes)
         self.choices = [Choice(i, prep, shape, text) for i in range(len(prep.requests))]
+
+    def reasoning_tokens(self) -> int | None:
+        """The reply's reasoning tokens, every choice's (None: the model does not reason)."""
+        if self.prep.reasoning is None or self.prep.kind != "chat":
+            return None
+        return sum(c.reasoning_tokens for c in self.choices)
 
     def summed(self):
         """The first choice's final event with every choice's completion tokens: the access log's."""

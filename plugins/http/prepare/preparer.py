@@ -15,7 +15,9 @@ from typing import Callable
 
 import attrs
 
+from superfluid.core import reasoning as reasoning_
 from superfluid.core.chat import render_chat
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.media import MediaSpan
 from superfluid.core.request import Request, new_request_id
@@ -48,6 +50,7 @@ class Prepared:
     logprobs: int | None = None  # the reply carries logprobs with this many top candidates
     echo: str | None = None  # a completion's echo: the prompt's text, which the reply starts with
     score_only: bool = False  # max_tokens 0 with echo: one token is generated, then dropped
+    reasoning: "Reasoning | None" = None  # a reasoning model's chat: how its reply is split
 
     @property
     def request(self) -> Request:
@@ -59,6 +62,54 @@ class Prepared:
         """The sink of every choice's lane (:class:`~..bridge.EventBridge`): the first's request
         has it as its sink, the others :meth:`~..bridge.EventBridge.lane`."""
         return self.requests[0].sink
+
+
+@attrs.define(frozen=True)
+class Reasoning:
+    """How a chat's reply is split into reasoning and answer (:mod:`superfluid.core.reasoning`):
+    the span's markers, and whether the prompt opened it (the reply starts inside)."""
+
+    markers: reasoning_.Markers
+    inside: bool = False
+
+    def parser(self) -> reasoning_.ReasoningParser:
+        return reasoning_.ReasoningParser(self.markers, inside=self.inside)
+
+
+#: what a chat template is always given; chat_template_kwargs may not set them
+_TEMPLATE_OWN = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
+
+
+def template_kwargs(req) -> dict:
+    """The extra variables a chat's template is rendered with: ``chat_template_kwargs`` as sent,
+    and ``enable_thinking`` (Qwen3's switch) from ``reasoning_effort`` ("none" and "minimal": off;
+    any other: on) unless the kwargs set it. A template without the switch ignores it."""
+    kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
+    for key in kwargs:
+        if key in _TEMPLATE_OWN:
+            raise InvalidRequest(f"chat_template_kwargs may not set {key!r}: the server sets it",
+                                 param="chat_template_kwargs", code="invalid_value")
+    effort = getattr(req, "reasoning_effort", None)
+    if effort is not None and "enable_thinking" not in kwargs:
+        kwargs["enable_thinking"] = effort not in ("none", "minimal")
+    return kwargs
+
+
+def reasoning_of(runtime, prompt: str) -> Reasoning | None:
+    """How a chat on ``runtime`` whose rendered prompt is ``prompt`` is parsed: the model's
+    ``reasoning-parser`` ("auto": from its chat template), None for a model that does not reason."""
+    config = getattr(runtime, "config", None)
+    try:
+        choice = CORE_OPTIONS.of(config).reasoning_parser if config is not None else "auto"
+    except Exception:  # noqa: BLE001 - a hand-built runtime without the option: auto
+        choice = "auto"
+    if choice == "none":
+        return None
+    markers = (reasoning_.detect(runtime.engine.info.chat_template) if choice == "auto"
+               else reasoning_.PARSERS[choice])
+    if markers is None:
+        return None
+    return Reasoning(markers, inside=reasoning_.starts_inside(prompt, markers))
 
 
 def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int, cap: int = 0,
@@ -150,6 +201,10 @@ class Preparer:
         (:class:`ChatFields`); ``model`` stands in for a request without one (a session's turn).
         Images are laid out where their parts were (:mod:`.image_prompt`); a model that takes
         none refuses them."""
+        return self._chat_prompt(req, model)[:4]
+
+    def _chat_prompt(self, req, model: str | None = None):
+        """:meth:`chat_prompt` and the rendered prompt's text."""
         runtime = self.chat_runtime(req, model)
         info = runtime.engine.info
         tools = tool_plan.plan(req, grammars=getattr(runtime.engine.capabilities, "grammars", False))
@@ -158,11 +213,11 @@ class Preparer:
             runtime.loop.check_takes_images()
         messages = [m.for_template(markers) for m in req.messages]
         text = render_prompt(info.chat_template, messages, tools, bos_token=info.bos_token,
-                             eos_token=info.eos_token, add_generation_prompt=True)
+                             eos_token=info.eos_token, add_generation_prompt=True, **template_kwargs(req))
         if markers is None:
-            return runtime, _chat_tokens(runtime, text), tools, ()
+            return runtime, _chat_tokens(runtime, text), tools, (), text
         tokens, spans = tokenize_with_images(runtime, text, markers.images, lambda t: _chat_tokens(runtime, t))
-        return runtime, tokens, tools, spans
+        return runtime, tokens, tools, spans, text
 
     def chat_prompt_length(self, req, model: str | None = None) -> int:
         """How many tokens a chat request's prompt renders to (tools and images included)."""
@@ -203,10 +258,12 @@ class Preparer:
         fim = kind == "infill" or (kind == "completion" and req.suffix is not None)
         tools = NO_TOOLS
         media: tuple[MediaSpan, ...] = ()
+        thinks = None
         if fim:
             runtime, tokens = self._fim_prompt(request, req)
         elif kind == "chat":
-            runtime, tokens, tools, media = self.chat_prompt(req, model)
+            runtime, tokens, tools, media, text = self._chat_prompt(req, model)
+            thinks = reasoning_of(runtime, text)
             if any(span.image.width == 0 for span in media):
                 raise RuntimeError("a chat's images must be loaded (ImageLoader) before it is prepared")
         else:
@@ -225,8 +282,14 @@ class Preparer:
                                 logprobs=asked.logprobs)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
+            thinks = None  # the reply is the call from its first token: nothing to parse out
         elif asked.json is not None:  # response_format: the whole reply held to its schema
             sampling = attrs.evolve(sampling, json_schema=asked.json)
+            thinks = None
+        elif asked.grammar:  # llama-server's grammar: the reply held to a GBNF grammar
+            sampling = attrs.evolve(sampling, grammar=asked.grammar)
+        if tools.prefill:
+            thinks = None
         stop = params.stop_strings(req) + tools.stop
         named = getattr(req, "model", None) or model
         # the header is validated also when overridden
@@ -244,7 +307,8 @@ class Preparer:
         requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
         echo = _echo_text(runtime, tokens) if asked.echo else None
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
-                        include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0)
+                        include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0,
+                        reasoning=thinks)
 
 
 @attrs.define(frozen=True)
@@ -255,6 +319,7 @@ class _Asked:
     echo: bool = False
     json: object = None  # response_format's JsonConstraint
     logit_bias: bool = False
+    grammar: str | None = None  # llama-server's ``grammar``: GBNF text
 
 
 def _asked(req, kind: str, tools: ToolPlan) -> _Asked:
@@ -266,13 +331,21 @@ def _asked(req, kind: str, tools: ToolPlan) -> _Asked:
     if json is not None and tools.choice in ("required", "function"):
         raise InvalidRequest("a forced tool call (tool_choice \"required\" or a function) cannot also follow a "
                              "JSON response_format", param="response_format", code="invalid_value")
-    return _Asked(logprobs=logprobs, echo=echo, json=json, logit_bias=bool(req.logit_bias))
+    grammar = getattr(req, "grammar", None) or None
+    if grammar is not None and json is not None:
+        raise InvalidRequest("grammar and a JSON response_format cannot both hold the reply: send one",
+                             param="grammar", code="invalid_value")
+    if grammar is not None and tools.choice in ("required", "function"):
+        raise InvalidRequest("a forced tool call (tool_choice \"required\" or a function) cannot also follow a "
+                             "grammar", param="grammar", code="invalid_value")
+    return _Asked(logprobs=logprobs, echo=echo, json=json, logit_bias=bool(req.logit_bias), grammar=grammar)
 
 
 def _engine_serves(runtime, asked: _Asked) -> None:
     """A feature the model's engine lacks is a 400 naming the field that asked for it."""
     caps, name = runtime.engine.capabilities, runtime.name
     needs = ((asked.json is not None, "grammars", "response_format", "constrained (JSON) output"),
+             (asked.grammar is not None, "grammars", "grammar", "grammars"),
              (asked.logprobs is not None, "logprobs", "logprobs", "logprobs"),
              (asked.logit_bias, "logit_bias", "logit_bias", "logit_bias"))
     for wanted, cap, field, what in needs:
@@ -301,7 +374,8 @@ def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = 
     if tenant is not None:
         meta["tenant"] = tenant
     if sampling.constrained:
-        meta["constraint_param"] = "tools" if tools.constraint is not None else "response_format"
+        meta["constraint_param"] = ("tools" if tools.constraint is not None
+                                    else "grammar" if sampling.grammar else "response_format")
     return meta
 
 
