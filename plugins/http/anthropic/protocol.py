@@ -87,8 +87,10 @@ ToolChoice = Annotated[
 
 
 class Thinking(Lenient):
-    """Extended thinking: accepted and ignored. The served models do not reason in a separate
-    channel yet (reasoning parsing is its own change); a reply carries no thinking blocks."""
+    """Extended thinking: ``enabled`` / ``disabled`` render the chat template with
+    ``enable_thinking`` true / false (a reasoning model's switch, e.g. Qwen3's; a template without
+    it ignores it); ``adaptive`` leaves the template's default. ``budget_tokens`` is accepted but
+    not enforced yet. A reasoning model's reasoning comes back as ``thinking`` blocks."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=0)] | None = None
@@ -106,7 +108,8 @@ class MessagesInput(RequestBody):
     system: str | list[AnthropicTextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = Field(None, description=f"{IGNORED}: no reasoning channel yet")
+    thinking: Thinking | None = Field(None, description="enabled/disabled: the chat template's enable_thinking; "
+                                                         "budget_tokens accepted, not enforced yet")
     context_management: dict[str, Any] | None = Field(
         None, description=f"{IGNORED}: the server never edits the conversation it is sent")
     output_config: dict[str, Any] | None = Field(

@@ -5,8 +5,9 @@ The run builds OpenAI chat objects (the whole ``chat.completion``, or chunks: th
 deltas, the parsed tool calls whole, the finish, then the usage chunk that
 :attr:`AnthropicWire.always_usage` asks for). This wire translates them:
 
-- whole: one ``message`` object: ``content`` blocks (``text``, then ``tool_use`` with the call's
-  id and its arguments parsed back into ``input``), ``stop_reason`` and ``usage``;
+- whole: one ``message`` object: ``content`` blocks (a reasoning model's ``thinking``, with an
+  empty ``signature``; ``text``; then ``tool_use`` with the call's id and its arguments parsed
+  back into ``input``), ``stop_reason`` and ``usage``;
 - streamed: ``event: NAME`` / ``data: {...}``: ``message_start``; per block
   ``content_block_start``, ``content_block_delta`` (``text_delta``, ``input_json_delta`` with the
   arguments whole, since calls are parsed when the reply ends, ``thinking_delta`` for a chunk
@@ -106,6 +107,8 @@ class AnthropicWire(Wire):
         choice = body["choices"][0]
         message = choice["message"]
         content = []
+        if message.get("reasoning_content"):  # a reasoning model's: a thinking block first
+            content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         for call in message.get("tool_calls") or ():

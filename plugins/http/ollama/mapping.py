@@ -59,6 +59,8 @@ def chat_messages(messages: list[OllamaMessage]) -> list[dict]:
             out.append({"role": "tool", "tool_call_id": call_id, "content": m.content})
         else:
             out.append({"role": m.role, "content": _content(m.content, m.images)})
+        if m.role == "assistant" and m.thinking:
+            out[-1]["reasoning_content"] = m.thinking  # for a template that renders it (Qwen3's)
     return out
 
 
@@ -85,8 +87,15 @@ def _format(fmt) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
 
 
+def _think(req, body: dict) -> None:
+    """``think`` (false; true or low/medium/high) as the chat template's ``enable_thinking``."""
+    if req.think is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": req.think is not False}
+
+
 def chat_request(req: OllamaChatRequest, model: str, stream: bool) -> ChatCompletionRequest:
     body = {"model": model, "messages": chat_messages(req.messages), **_generation(req, req.options, stream)}
+    _think(req, body)
     if stream:
         body["stream_options"] = {"include_usage": True}
     fmt = _format(req.format)
@@ -119,6 +128,7 @@ def generate_request(req: OllamaGenerateRequest, model: str, stream: bool):
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": _content(req.prompt or "", req.images)})
     body = {"model": model, "messages": messages, **common}
+    _think(req, body)
     if stream:
         body["stream_options"] = {"include_usage": True}
     fmt = _format(req.format)

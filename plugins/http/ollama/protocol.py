@@ -92,7 +92,8 @@ class OllamaMessage(Lenient):
         None, description="base64 images (without a data: prefix)")
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
-    thinking: str | None = Field(None, description="accepted and left out of the prompt")
+    thinking: str | None = Field(None, description="an assistant's reasoning: given to the chat template as "
+                                                   "reasoning_content (most leave it out)")
 
 
 Format = Literal["", "json"] | dict[str, Any]

@@ -119,7 +119,11 @@ class OllamaWire(Wire):
             return web.json_response(self._done(body.get("usage"), body.get("timings"), message=message))
         # /api/generate runs a chat unless raw: its text is the message's
         text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-        return web.json_response(self._done(body.get("usage"), body.get("timings"), text=text or ""))
+        out = self._done(body.get("usage"), body.get("timings"), text=text or "")
+        reasoning = (choice.get("message") or {}).get("reasoning_content")
+        if reasoning:
+            out["thinking"] = reasoning
+        return web.json_response(out)
 
     def error(self, exc: BaseException | None) -> web.StreamResponse:
         status = status_of(exc)
@@ -150,7 +154,11 @@ class OllamaWire(Wire):
                         "role": "assistant", "content": "",
                         "tool_calls": [self._call(c) for c in delta["tool_calls"]]}, "done": False}))
             else:  # /api/generate: a completion's text, or (unless raw) a chat's content
-                text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    out.append(line({**self._head(), "response": "", "thinking": delta["reasoning_content"],
+                                     "done": False}))
+                text = choice.get("text") if "text" in choice else delta.get("content")
                 if text:
                     out.append(line(self._text(text)))
         return out

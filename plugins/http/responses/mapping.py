@@ -99,6 +99,8 @@ def chat_fields(req: ResponsesInput) -> dict:
     response_format = _response_format(req)
     if response_format is not None:
         out["response_format"] = response_format
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        out["reasoning_effort"] = req.reasoning.effort  # "none"/"minimal": enable_thinking false
     if isinstance(req, ResponsesRequest):
         out.update(stream=req.stream, temperature=req.temperature, top_p=req.top_p)
         if req.max_output_tokens is not None:

@@ -36,6 +36,13 @@ def message_item(item_id: str, text: str | None, status: str) -> dict:
             "content": [] if text is None else [text_part(text)]}
 
 
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict:
+    """A reasoning model's reasoning, before its message: the text as ``content`` (one
+    ``reasoning_text`` part; None: none yet, as a stream opens it), no ``summary`` (none is made)."""
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [] if text is None else [{"type": "reasoning_text", "text": text}]}
+
+
 def call_item(item_id: str, call: dict, status: str, arguments: str | None = None) -> dict:
     """A function call of the reply (``call``: chat's ``{"id", "function": {"name", "arguments"}}``)."""
     fn = call["function"]
@@ -44,14 +51,15 @@ def call_item(item_id: str, call: dict, status: str, arguments: str | None = Non
 
 
 def usage(chat_usage: dict | None) -> dict | None:
-    """Chat's ``usage`` in the Responses API's names (no reasoning, no explicit cache writes:
-    the prefix cache keeps prompts by itself)."""
+    """Chat's ``usage`` in the Responses API's names (reasoning tokens: a reasoning model's; no
+    explicit cache writes: the prefix cache keeps prompts by itself)."""
     if chat_usage is None:
         return None
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {"input_tokens": chat_usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": chat_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": chat_usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": chat_usage["total_tokens"]}
 
 

@@ -163,8 +163,8 @@ class ResponsesFunctionCallOutputItem(Lenient):
 
 
 class ResponsesReasoningItem(Lenient):
-    """A reasoning item a reply of another server held: dropped from the prompt (this server's
-    replies hold none, and its text is often encrypted for the server that made it)."""
+    """A reasoning item of an earlier reply (this server's, or another's, whose text is often
+    encrypted for the server that made it): dropped from the prompt."""
 
     type: Literal["reasoning"]
 
@@ -298,8 +298,9 @@ class ResponsesTextConfig(RequestBody):
 
 
 class ResponsesReasoning(Lenient):
-    """Accepted and ignored: the served models are not asked to reason (issue 31), so their
-    replies hold no reasoning items and ``reasoning_tokens`` is 0."""
+    """``effort``: a reasoning model's switch, as chat's ``reasoning_effort`` ("none" and
+    "minimal" render the chat template with ``enable_thinking`` false, others true); ``summary``
+    is accepted and ignored (a reply's reasoning item carries the text, no summary)."""
 
     effort: str | None = None
     summary: str | None = None

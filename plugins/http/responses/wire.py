@@ -7,7 +7,10 @@ usage chunk, which :attr:`ResponsesWire.always_usage` asks for). This wire trans
 
 - whole: one ``response`` object (:mod:`.objects`);
 - streamed: ``event: TYPE`` / ``data: {"type", "sequence_number", …}`` events, numbered from 0:
-  ``response.created``, ``response.in_progress``; for the text ``response.output_item.added``,
+  ``response.created``, ``response.in_progress``; for a reasoning model's reasoning (a
+  ``reasoning`` item before the message, its text one ``reasoning_text`` content part, no
+  summary) ``response.output_item.added``, ``response.reasoning_text.delta``…,
+  ``response.reasoning_text.done``, ``response.output_item.done``; for the text ``response.output_item.added``,
   ``response.content_part.added``, ``response.output_text.delta``…, ``response.output_text.done``,
   ``response.content_part.done``, ``response.output_item.done``; for each function call
   ``response.output_item.added``, ``response.function_call_arguments.delta`` (the arguments
@@ -28,7 +31,7 @@ from aiohttp import web
 
 from ..openai.replies import error_body, status_of as http_status
 from ..wire import Wire
-from .objects import ResponseShape, call_item, message_item, new_id, status_of, text_part, usage
+from .objects import ResponseShape, call_item, message_item, new_id, reasoning_item, status_of, text_part, usage
 
 _FAILED_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}  # else server_error
 _CLOSING_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
@@ -49,6 +52,7 @@ class ResponsesWire(Wire):
         self.seq = 0
         self.output: list[dict] = []  # the output items so far, in order
         self._text: dict | None = None  # the message item being streamed
+        self._thought: dict | None = None  # the reasoning item being streamed
         self.finish: str | None = None
         self.final: dict | None = None  # the finished response object
 
@@ -75,6 +79,8 @@ class ResponsesWire(Wire):
         status = "completed" if status_of(self.finish)[0] == "completed" else "incomplete"
         calls = message.get("tool_calls") or []
         items = []
+        if message.get("reasoning_content"):
+            items.append(reasoning_item(new_id("rs"), message["reasoning_content"], status))
         if message.get("content") or not calls:
             items.append(message_item(new_id("msg"), message.get("content") or "", status))
         items += [call_item(new_id("fc"), call, "completed") for call in calls]
@@ -96,6 +102,10 @@ class ResponsesWire(Wire):
         out: list[bytes] = []
         for choice in chunk.get("choices") or ():  # one: the Responses API has no n
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out += self._reasoning_delta(delta["reasoning_content"])
+            if delta.get("content") or delta.get("tool_calls") or choice.get("finish_reason") is not None:
+                out += self._close_reasoning()
             if delta.get("content"):
                 out += self._text_delta(delta["content"])
             if delta.get("tool_calls"):
@@ -104,10 +114,33 @@ class ResponsesWire(Wire):
                     out += self._call(call)
             if choice.get("finish_reason") is not None:
                 self.finish = choice["finish_reason"]
-                if not self.output:
+                if not any(item["type"] != "reasoning" for item in self.output):
                     out += self._text_delta("")
                 out += self._close_text()
         return out
+
+    def _reasoning_delta(self, text: str) -> list[bytes]:
+        out = []
+        if self._thought is None:
+            item = reasoning_item(new_id("rs"), None, "in_progress")
+            self.output.append(item)
+            self._thought = item
+            out.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=item))
+            item["content"].append({"type": "reasoning_text", "text": ""})
+        self._thought["content"][0]["text"] += text
+        out.append(self._event("response.reasoning_text.delta", item_id=self._thought["id"],
+                               output_index=self.output.index(self._thought), content_index=0, delta=text))
+        return out
+
+    def _close_reasoning(self) -> list[bytes]:
+        item, self._thought = self._thought, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        item["status"] = "completed"
+        return [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                            content_index=0, text=item["content"][0]["text"]),
+                self._event("response.output_item.done", output_index=index, item=item)]
 
     def _text_delta(self, text: str) -> list[bytes]:
         out = []
