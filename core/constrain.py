@@ -67,21 +67,30 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-@functools.lru_cache(maxsize=256)
-def _constraint_grammar(constraint: JsonConstraint) -> str:
+def _constraint_body(constraint: JsonConstraint) -> str:
     parts = []
     for choice in constraint.choices:
         lead = _literal(choice.lead) + " " if choice.lead else ""
         parts.append(lead + _json_value(choice.schema))
     body = parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
     tail = " " + _literal(constraint.tail) if constraint.tail else ""
-    return "start: " + body + tail + "\n"
+    return body + tail
+
+
+@functools.lru_cache(maxsize=256)
+def _constraint_grammar(constraint: JsonConstraint) -> str:
+    return "start: " + _constraint_body(constraint) + "\n"
 
 
 def grammar(params: SamplingParams) -> str | None:
     """llguidance's grammar text for a lane's constraint (None: it has none)."""
     import llguidance
 
+    if params.think_budget is not None:
+        if params.grammar or params.json_schema is not None:
+            raise UnsupportedConstraint("a thinking budget cannot be combined with a grammar, a JSON schema or a "
+                                        "forced tool call yet")
+        return None  # enforced by core/think_budget.py, not a grammar
     if params.json_schema is not None:
         return llguidance.LLMatcher.grammar_from_lark(_constraint_grammar(params.json_schema))
     if params.grammar:
@@ -203,6 +212,11 @@ class Constrainer:
         already generated (a resumed lane)."""
         import llguidance
 
+        if params.think_budget is not None:
+            lane = self._budget_lane(params.think_budget)
+            for token in generated:
+                lane.accept(token)
+            return lane
         text = grammar(params)
         if text is None:
             return None
@@ -213,3 +227,9 @@ class Constrainer:
         for token in generated:
             lane.accept(token)
         return lane
+
+    def _budget_lane(self, budget):
+        from .think_budget import ThinkBudgetLane
+
+        return ThinkBudgetLane(budget, lambda text: list(self.tokenizer.tokenize_str(text)),
+                               lambda token: bytes(self.tokenizer.decode_bytes([token])), self.n_vocab)

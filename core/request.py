@@ -44,6 +44,21 @@ class JsonConstraint:
 
 
 @attrs.define(frozen=True)
+class ThinkBudget:
+    """A reasoning model's think span held to ``tokens`` tokens. The span opens with ``open``
+    (None: the prompt already opened it, as templates that end their generation prompt with
+    ``<think>`` do) and closes with ``close``. Once ``tokens`` tokens of thinking are generated,
+    only the tokens of ``close`` may follow (the engine samples the end marker next), then the
+    answer. The model may close the span earlier. Enforced as a constraint
+    (:mod:`superfluid.core.constrain`), so every engine that constrains sampling enforces it, and
+    thinking can never eat the reply's ``max_tokens``."""
+
+    tokens: int
+    close: str = "</think>"
+    open: str | None = "<think>"
+
+
+@attrs.define(frozen=True)
 class SamplingParams:
     """Per-request sampling, applied by the engine's own sampler so that greedy output matches
     the runtime. ``temperature <= 0`` means greedy.
@@ -59,7 +74,8 @@ class SamplingParams:
     (:class:`JsonConstraint`) instead of in one engine's grammar syntax; the same capability
     covers it (``EngineCapabilities.grammars``: the engine can constrain sampling). Set at most
     one of the two. Either is enforced by the token-mask library in :mod:`superfluid.core.constrain`
-    (llguidance), which every engine shares.
+    (llguidance), which every engine shares. ``think_budget`` (:class:`ThinkBudget`) is enforced
+    the same way, before the answer (which ``json_schema`` may still hold to a schema).
 
     ``logit_bias`` adds a value to a token's logit before anything else sees it (OpenAI's
     ``logit_bias``: token id, −100…100). ``logprobs`` asks for the sampled token's log-probability
@@ -79,6 +95,7 @@ class SamplingParams:
     json_schema: JsonConstraint | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    think_budget: ThinkBudget | None = None
 
     @property
     def greedy(self) -> bool:
@@ -88,7 +105,7 @@ class SamplingParams:
     def constrained(self) -> bool:
         """A grammar or a JSON constraint holds the sampled tokens: no plain argmax over the raw
         logits."""
-        return bool(self.grammar) or self.json_schema is not None
+        return bool(self.grammar) or self.json_schema is not None or self.think_budget is not None
 
     @property
     def plain(self) -> bool:

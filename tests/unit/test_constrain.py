@@ -114,3 +114,46 @@ def test_masks_along_a_draft_are_the_masks_the_lane_meets_and_leave_it_in_place(
     masks = lane.masks_along(refused)
     assert not masks[len(refused) - 1][refused[-1]]
     assert (masks[-1] == masks[len(refused) - 1]).all() and (lane.allowed() == before).all()
+
+
+# ---- a thinking budget ----------------------------------------------------------------------------
+
+def _allows(lane, tokens) -> list[bool]:
+    out = []
+    for t in tokens:
+        out.append(bool(lane.allowed()[t]))
+        if not out[-1]:
+            break
+        lane.accept(t)
+    return out
+
+
+@pytest.mark.parametrize("budget", [1, 4, 9])
+def test_a_think_budget_allows_only_the_end_marker_after_its_tokens(constrainer, vocab, budget):
+    from superfluid.core.request import ThinkBudget
+
+    lane = constrainer.for_lane(SamplingParams(think_budget=ThinkBudget(budget)))
+    opening = tokens_of(vocab, "<think>")
+    thought = tokens_of(vocab, " I am thinking about many many things in the world right now and more")
+    assert all(_allows(lane, opening + thought[:budget]))
+    if budget < len(thought):
+        assert not _allows(lane, thought[budget:budget + 1])[0]  # one token more of thinking: refused
+    closing = tokens_of(vocab, "</think>")
+    assert all(_allows(lane, closing + tokens_of(vocab, " The answer.")))
+
+
+def test_a_think_budget_lets_the_model_close_early_and_answer_freely(constrainer, vocab):
+    from superfluid.core.request import ThinkBudget
+
+    lane = constrainer.for_lane(SamplingParams(think_budget=ThinkBudget(6, open=None)))
+    answer = " and then the answer runs on well past the budget of six tokens, as long as it likes."
+    assert all(_allows(lane, tokens_of(vocab, " short</think>" + answer)))
+
+
+def test_a_think_budget_with_a_grammar_or_a_schema_is_refused():
+    from superfluid.core.request import ThinkBudget
+
+    with pytest.raises(UnsupportedConstraint, match="thinking budget"):
+        check(SamplingParams(think_budget=ThinkBudget(8), grammar='root ::= "a"'))
+    with pytest.raises(UnsupportedConstraint, match="thinking budget"):
+        check(held_to(PERSON).__class__(think_budget=ThinkBudget(8), json_schema=held_to(PERSON).json_schema))
