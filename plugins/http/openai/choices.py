@@ -28,6 +28,8 @@ class Choice:
         self.thinker = (prep.reasoning.parser() if getattr(prep, "reasoning", None) is not None
                         and shape.kind == "chat" and not prep.score_only else None)
         self.reasoning_tokens = 0  # tokens generated inside the reasoning span
+        # the span followed token by token (whatever the deltas' grouping), to count its tokens
+        self.counter = prep.reasoning.parser() if self.thinker is not None else None
         self.logprobs: list = []  # the generated tokens' TokenLogprobs (a reply sent whole)
         self.parser = tool_parse.StreamParser(prep.tools) if prep.stream and prep.tools.active else None
         self.streamed_logprobs = (CompletionLogprobs(text, prep.logprobs)
@@ -53,7 +55,8 @@ class Choice:
         if self.prep.score_only:  # the one token generated to score the prompt is not the reply's
             return []
         self.generated += len(event.token_ids)
-        thought, answer = self._split(event.text, len(event.token_ids))
+        thought, answer = self._split(event.text)
+        self._count(event.token_ids)
         self.parts.append(answer)
         if not self.prep.stream:
             self.logprobs.extend(event.logprobs)
@@ -64,15 +67,23 @@ class Choice:
             return []
         return [self.shape.chunk(text=text, index=self.index, logprobs=logprobs, reasoning=thought)]
 
-    def _split(self, text: str, tokens: int = 0) -> tuple[str, str]:
-        """(reasoning, answer) of a delta's text; ``tokens``: how many tokens made it (counted as
-        reasoning when the delta is in the span and adds nothing to the answer)."""
+    def _count(self, token_ids) -> None:
+        """Count the tokens generated inside the reasoning span (its markers included): each
+        token's own text through a parser of its own, so the count does not depend on how the
+        tokens were grouped into deltas."""
+        if self.counter is None:
+            return
+        for token in token_ids:
+            was_inside = self.counter.in_span
+            thought, answer = self.counter.feed(self.text(token)[0])
+            if (was_inside or self.counter.in_span or thought) and not answer:
+                self.reasoning_tokens += 1
+
+    def _split(self, text: str) -> tuple[str, str]:
+        """(reasoning, answer) of a delta's text."""
         if self.thinker is None:
             return "", text
-        was_inside = self.thinker.in_span
         thought, answer = self.thinker.feed(text) if text else ("", "")
-        if (was_inside or self.thinker.in_span or thought) and not answer:
-            self.reasoning_tokens += tokens
         if thought:
             self.thoughts.append(thought)
         return thought, answer

@@ -101,6 +101,8 @@ def chat_fields(req: ResponsesInput) -> dict:
         out["response_format"] = response_format
     if req.reasoning is not None and req.reasoning.effort is not None:
         out["reasoning_effort"] = req.reasoning.effort  # "none"/"minimal": enable_thinking false
+    if req.grammar is not None:
+        out["grammar"] = req.grammar
     if isinstance(req, ResponsesRequest):
         out.update(stream=req.stream, temperature=req.temperature, top_p=req.top_p)
         if req.max_output_tokens is not None:

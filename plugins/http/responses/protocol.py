@@ -332,6 +332,8 @@ class ResponsesInput(RequestBody):
     parallel_tool_calls: bool | None = Field(True, description="false: at most one call")
     text: ResponsesTextConfig | None = None
     reasoning: ResponsesReasoning | None = None
+    grammar: str | None = Field(None, description="llama-server's (an extension): a GBNF grammar (root rule "
+                                                  "root) the reply follows; not with a JSON text.format")
     previous_response_id: Annotated[str, Field(min_length=1)] | None = Field(
         None, description="continue that stored response (the latest of its conversation): only the new items "
                           "are sent")
