@@ -221,3 +221,35 @@ def test_reasoning_field_option(start_server):
     msg = body["choices"][0]["message"]
     assert "reasoning_content" not in msg
     check_split(msg["reasoning"], msg["content"])
+
+
+# ---- the thinking budget ----------------------------------------------------------------------------
+
+def test_a_thinking_budget_ends_the_span_within_its_tokens_and_the_answer_follows(inside_srv):
+    """SmolLM2 never closes a span by itself: without a budget it thinks until max_tokens; with
+    16, the scheduler's sampling closes it within 16 tokens and an answer follows."""
+    client = oai(inside_srv)
+    free = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=60, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert free.usage.completion_tokens_details.reasoning_tokens == 60 and not free.choices[0].message.content
+    held = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=60, temperature=0,
+                                          extra_body={"thinking_budget": 16, "ignore_eos": True})
+    msg = held.choices[0].message
+    thought = held.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < thought <= 16 + 4 and msg.content  # the span and its closing marker, then the answer
+    assert "</think>" not in msg.content and msg.reasoning_content
+
+
+def test_anthropic_budget_tokens_holds_thinking_to_its_budget(inside_srv):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=inside_srv.base, api_key="x", max_retries=0)
+    msg = client.messages.create(model="smollm2", max_tokens=60, messages=ASK,
+                                 thinking={"type": "enabled", "budget_tokens": 16},
+                                 extra_body={"temperature": 0})
+    assert msg.content[0].type == "thinking"
+    thought = post(inside_srv, "/tokenize", {"content": msg.content[0].thinking})["tokens"]
+    assert len(thought) <= 16 + 1 and msg.stop_reason == "end_turn"  # closed by the budget, not max_tokens
+    streamed = client.messages.create(model="smollm2", max_tokens=60, messages=ASK, stream=True,
+                                      thinking={"type": "enabled", "budget_tokens": 16}, extra_body={"temperature": 0})
+    events = [e.type for e in streamed]
+    assert "content_block_delta" in events and events[-1] == "message_stop"

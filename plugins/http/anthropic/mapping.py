@@ -139,8 +139,10 @@ def chat_request(req: MessagesInput, trailing_system: bool = True) -> ChatComple
     if req.superfluid is not None:
         body["superfluid"] = req.superfluid.model_dump(exclude_none=True)
     if req.thinking is not None and req.thinking.type in ("enabled", "disabled"):
-        # a reasoning model's switch (enable_thinking); budget_tokens is accepted, not enforced yet
+        # a reasoning model's switch (enable_thinking), and the budget its thinking is held to
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
+        if req.thinking.type == "enabled" and req.thinking.budget_tokens:
+            body["thinking_budget"] = req.thinking.budget_tokens
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stream=bool(req.stream))
         if req.stop_sequences:

@@ -89,8 +89,10 @@ ToolChoice = Annotated[
 class Thinking(Lenient):
     """Extended thinking: ``enabled`` / ``disabled`` render the chat template with
     ``enable_thinking`` true / false (a reasoning model's switch, e.g. Qwen3's; a template without
-    it ignores it); ``adaptive`` leaves the template's default. ``budget_tokens`` is accepted but
-    not enforced yet. A reasoning model's reasoning comes back as ``thinking`` blocks."""
+    it ignores it); ``adaptive`` leaves the template's default. ``budget_tokens`` (with
+    ``enabled``) holds a reasoning model's thinking to that many tokens: the scheduler then lets it
+    only close its think span and answer. A reasoning model's reasoning comes back as
+    ``thinking`` blocks."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=0)] | None = None
@@ -109,7 +111,7 @@ class MessagesInput(RequestBody):
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = Field(None, description="enabled/disabled: the chat template's enable_thinking; "
-                                                         "budget_tokens accepted, not enforced yet")
+                                                         "budget_tokens: the thinking's token budget, enforced")
     context_management: dict[str, Any] | None = Field(
         None, description=f"{IGNORED}: the server never edits the conversation it is sent")
     output_config: dict[str, Any] | None = Field(

@@ -195,6 +195,10 @@ class ChatFields(GenerationFields):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="extra variables for the chat template (e.g. {\"enable_thinking\": false}); "
                           "they win over reasoning_effort")
+    thinking_budget: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="a reasoning model's thinking held to this many tokens: after them the model may only "
+                          "close its think span, then answer (enforced by the scheduler's sampling); ignored for "
+                          "a model that does not reason")
     grammar: str | None = Field(None, description="llama-server's: a GBNF grammar (root rule root) the reply "
                                                   "follows; not with a JSON response_format or a forced tool call")
     safety_identifier: str | None = Field(None, description="accepted and ignored")

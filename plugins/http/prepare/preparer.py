@@ -20,7 +20,7 @@ from superfluid.core.chat import render_chat
 from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.media import MediaSpan
-from superfluid.core.request import Request, new_request_id
+from superfluid.core.request import Request, ThinkBudget, new_request_id
 
 from ..keys.auth import applied_class, check_model, note_class, request_key
 from ..openai.chat_protocol import ChatFields
@@ -290,6 +290,7 @@ class Preparer:
             sampling = attrs.evolve(sampling, grammar=asked.grammar)
         if tools.prefill:
             thinks = None
+        sampling = _thinking_budget(req, runtime, thinks, sampling)
         stop = params.stop_strings(req) + tools.stop
         named = getattr(req, "model", None) or model
         # the header is validated also when overridden
@@ -309,6 +310,22 @@ class Preparer:
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
                         include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0,
                         reasoning=thinks)
+
+
+def _thinking_budget(req, runtime, thinks: Reasoning | None, sampling):
+    """``sampling`` with a chat's ``thinking_budget`` (a reasoning model's span held to that many
+    tokens, :class:`superfluid.core.request.ThinkBudget`), when its model reasons and the reply is
+    parsed for a span; a model that does not reason ignores it, as a template without the switch
+    ignores ``enable_thinking``."""
+    budget = getattr(req, "thinking_budget", None)
+    if budget is None or thinks is None:
+        return sampling
+    if not getattr(runtime.engine.capabilities, "grammars", False):
+        raise InvalidRequest(f"model {runtime.name!r} cannot enforce a thinking budget: its engine does not "
+                             "constrain sampling", param="thinking_budget", code="unsupported_value")
+    markers = thinks.markers
+    return attrs.evolve(sampling, think_budget=ThinkBudget(
+        budget, close=markers.end, open=None if thinks.inside else markers.start))
 
 
 @attrs.define(frozen=True)
