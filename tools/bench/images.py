@@ -8,9 +8,10 @@ against a running server that serves a vision model:
 - **neighbours**: ``--text-lanes`` streamed text replies (greedy, ``--tokens`` each, end of text
   ignored) run alone, then again while image requests (a new image each, so each is encoded)
   arrive every ``--interval`` seconds on another lane, then while the same requests without their
-  image arrive (what any arrival costs). Reported: the text lanes' decode rate (tokens after the
-  first over the time they took, summed over lanes) in each run and its ratio to alone, and the
-  arrivals' first-token times.
+  image arrive (what any arrival costs); the three runs repeat ``--rounds`` times, interleaved.
+  Reported: the text lanes' decode rate (tokens after the first over the time they took, summed
+  over lanes), each condition's median and its median ratio to the alone run of its round, and
+  the arrivals' first-token times.
 - **reuse**: one image and prompt sent twice: the encoder runs (``superfluid_images_encoded_total``)
   and the prompt tokens prefilled (``usage``: prompt minus cached) each time.
 - **preemption** (``--preemption``, against a ``--max-batch 1`` server): a background request with
@@ -30,6 +31,7 @@ import json
 import random
 import sys
 import time
+from statistics import median
 
 import aiohttp
 
@@ -83,10 +85,10 @@ def decode_rate(runs: list[dict]) -> float:
     return sum((r["usage"]["completion_tokens"] - 1) / max(r["end"] - r["first"], 1e-9) for r in runs)
 
 
-async def neighbours(session, base: str, model: str, lanes: int, tokens: int, interval: float) -> dict:
+async def neighbours(session, base: str, model: str, lanes: int, tokens: int, interval: float,
+                     rounds: int) -> dict:
     text = [chat(model, tokens, f"Write a long story about lighthouse number {i}.") for i in range(lanes)]
-    await asyncio.gather(*(stream(session, base, b) for b in text))  # warm: prompts cached alike in both runs
-    alone = await asyncio.gather(*(stream(session, base, b) for b in text))
+    await asyncio.gather(*(stream(session, base, b) for b in text))  # warm: prompts cached alike in every run
     rng = random.Random(7)
 
     def an_image():
@@ -95,14 +97,24 @@ async def neighbours(session, base: str, model: str, lanes: int, tokens: int, in
     def a_text():  # the same request without its image: what any arrival costs
         return f"{rng.randrange(10 ** 6)} {QUESTION}"
 
-    out = {"text_lanes": lanes, "tokens": tokens, "interval_s": interval,
-           "decode_tok_s_alone": round(decode_rate(alone), 1)}
-    for name, content in (("images", an_image), ("text_arrivals", a_text)):
-        beside, arrived = await _with_arrivals(session, base, model, text, content, interval)
-        ttft = sorted(r["first"] - r["sent"] for r in arrived)
-        out[name] = {"decode_tok_s": round(decode_rate(beside), 1),
-                     "ratio": round(decode_rate(beside) / decode_rate(alone), 3), "arrivals": len(arrived),
-                     "ttft_p50_s": round(ttft[len(ttft) // 2], 3) if ttft else None}
+    # the three conditions interleaved, round after round, so the machine's drift falls on each alike
+    rates: dict[str, list[float]] = {"alone": [], "images": [], "text_arrivals": []}
+    ratios: dict[str, list[float]] = {"images": [], "text_arrivals": []}
+    ttfts: dict[str, list[float]] = {"images": [], "text_arrivals": []}
+    for _ in range(rounds):
+        alone = decode_rate(await asyncio.gather(*(stream(session, base, b) for b in text)))
+        rates["alone"].append(alone)
+        for name, content in (("images", an_image), ("text_arrivals", a_text)):
+            beside, arrived = await _with_arrivals(session, base, model, text, content, interval)
+            rates[name].append(decode_rate(beside))
+            ratios[name].append(decode_rate(beside) / alone)
+            ttfts[name] += [r["first"] - r["sent"] for r in arrived]
+    out = {"text_lanes": lanes, "tokens": tokens, "interval_s": interval, "rounds": rounds,
+           "decode_tok_s_alone_median": round(median(rates["alone"]), 1)}
+    for name in ("images", "text_arrivals"):
+        out[name] = {"decode_tok_s_median": round(median(rates[name]), 1),
+                     "ratio_median": round(median(ratios[name]), 3), "arrivals": len(ttfts[name]),
+                     "ttft_p50_s": round(median(ttfts[name]), 3) if ttfts[name] else None}
     return out
 
 
@@ -182,7 +194,7 @@ async def main_async(args) -> dict:
         else:
             report["reuse"] = await reuse(session, args.target, model)
             report["neighbours"] = await neighbours(session, args.target, model, args.text_lanes, args.tokens,
-                                                    args.interval)
+                                                    args.interval, args.rounds)
     return report
 
 
@@ -193,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-lanes", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between image requests")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the three neighbour runs, interleaved")
     ap.add_argument("--preemption", action="store_true", help="the preemption check (a --max-batch 1 server)")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
