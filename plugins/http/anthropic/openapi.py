@@ -5,7 +5,7 @@ under these paths are Anthropic's shape (``{"type": "error", "error": {type, mes
 
 from __future__ import annotations
 
-from ..info.openapi_ops import ERRORS, GENERATE, INVARIANT_HEADER, QOS_HEADER, op
+from ..info.openapi_ops import GENERATE, INVARIANT_HEADER, QOS_HEADER, errors_shaped, op
 from ..info.openapi_responses import SSE_EVENT
 from ..info.openapi_schema import integer, json_body, nullable, obj, string
 
@@ -34,15 +34,7 @@ _ERROR = obj({"type": string(enum=["error"]),
 
 def _anthropic_errors(operation: dict) -> dict:
     """``operation`` with its error answers in Anthropic's shape (``op`` writes OpenAI's)."""
-    for status, answer in operation["responses"].items():
-        if int(status) >= 400:
-            headers = answer.get("headers") if isinstance(answer, dict) else None
-            fixed = {"description": ERRORS.get(int(status), "error"),
-                     "content": {"application/json": {"schema": _ERROR}}}
-            if headers:
-                fixed["headers"] = headers
-            operation["responses"][status] = fixed
-    return operation
+    return errors_shaped(operation, _ERROR)
 
 
 def paths() -> dict:

@@ -47,3 +47,17 @@ def op(summary: str, ok: dict, *, errors: tuple = (), body: dict | None = None,
     if parameters:
         out["parameters"] = parameters
     return out
+
+
+def errors_shaped(operation: dict, schema: dict) -> dict:
+    """``operation`` (built by :func:`op`, whose errors are OpenAI's) with every error answer's
+    body in another API's shape ``schema`` (Anthropic's, Ollama's), its headers kept."""
+    for status, answer in operation["responses"].items():
+        if int(status) >= 400:
+            headers = answer.get("headers") if isinstance(answer, dict) else None
+            fixed = {"description": ERRORS.get(int(status), "error"),
+                     "content": {"application/json": {"schema": schema}}}
+            if headers:
+                fixed["headers"] = headers
+            operation["responses"][status] = fixed
+    return operation

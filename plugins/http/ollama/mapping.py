@@ -93,14 +93,21 @@ def _think(req, body: dict) -> None:
         body["chat_template_kwargs"] = {"enable_thinking": req.think is not False}
 
 
-def chat_request(req: OllamaChatRequest, model: str, stream: bool) -> ChatCompletionRequest:
-    body = {"model": model, "messages": chat_messages(req.messages), **_generation(req, req.options, stream)}
+def _chat_fields(req, body: dict, stream: bool) -> dict:
+    """What a chat body gets from either route: ``think``, the usage chunk a stream ends with (the
+    last line's counters), ``format``."""
     _think(req, body)
     if stream:
         body["stream_options"] = {"include_usage": True}
     fmt = _format(req.format)
     if fmt is not None:
         body["response_format"] = fmt
+    return body
+
+
+def chat_request(req: OllamaChatRequest, model: str, stream: bool) -> ChatCompletionRequest:
+    body = _chat_fields(req, {"model": model, "messages": chat_messages(req.messages),
+                              **_generation(req, req.options, stream)}, stream)
     if req.tools:
         body["tools"] = req.tools
     if req.logprobs:
@@ -127,11 +134,4 @@ def generate_request(req: OllamaGenerateRequest, model: str, stream: bool):
         return parse(CompletionRequest, body)
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": _content(req.prompt or "", req.images)})
-    body = {"model": model, "messages": messages, **common}
-    _think(req, body)
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    fmt = _format(req.format)
-    if fmt is not None:
-        body["response_format"] = fmt
-    return parse(ChatCompletionRequest, body)
+    return parse(ChatCompletionRequest, _chat_fields(req, {"model": model, "messages": messages, **common}, stream))

@@ -5,7 +5,7 @@ under ``/api`` are Ollama's shape (``{"error": "…"}``)."""
 
 from __future__ import annotations
 
-from ..info.openapi_ops import ERRORS, GENERATE, QOS_HEADER, op
+from ..info.openapi_ops import GENERATE, QOS_HEADER, errors_shaped, op
 from ..info.openapi_schema import integer, json_body, obj, string
 
 _ERROR = obj({"error": string()}, required=("error",))
@@ -25,15 +25,7 @@ _NDJSON = "application/x-ndjson"
 
 def _ollama_errors(operation: dict) -> dict:
     """``operation`` with its error answers in Ollama's shape (``op`` writes OpenAI's)."""
-    for status, answer in operation["responses"].items():
-        if int(status) >= 400:
-            headers = answer.get("headers") if isinstance(answer, dict) else None
-            fixed = {"description": ERRORS.get(int(status), "error"),
-                     "content": {"application/json": {"schema": _ERROR}}}
-            if headers:
-                fixed["headers"] = headers
-            operation["responses"][status] = fixed
-    return operation
+    return errors_shaped(operation, _ERROR)
 
 
 def _generation(schema: dict, what: str) -> dict:
