@@ -18,11 +18,10 @@ import os
 import time
 
 import llama_cpp
-import numpy as np
 
 from superfluid.core import tick_runner
 from superfluid.core.logits import LaneRow, token_logprob
-from superfluid.core.media import leading_placeholders, leading_tokens
+from superfluid.core.media import leading_tokens
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
 from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
@@ -30,6 +29,7 @@ from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomica
 from . import native
 from .buffers import LogitRows, host_buffer
 from .hidden import HiddenStates
+from .image_steps import ImageSteps
 from .sampling import build_sampler, free_sampler
 
 
@@ -37,7 +37,7 @@ def _slot(w: Work) -> int:
     return w.slot
 
 
-class LlamaCppRunner(tick_runner.TickRunner):
+class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
     """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag: StopFlag, kv_capacity: int, *,
@@ -70,21 +70,13 @@ class LlamaCppRunner(tick_runner.TickRunner):
         lib = native.load() if native_rounds else None
         self.rounds = native.DecodeRounds(lib, ctx, self.vocab, self.batch, self.n_vocab, stop_flag) if lib else None
         self.hidden = HiddenStates(ctx, llama_cpp.llama_model_n_embd(model), pooling)
-        self._image_batch = None  # a batch of embedding rows, made on the first image (see take_images)
-
-    def take_images(self, encode) -> None:
-        """Serve images: ``encode`` (an image to its embedding rows) behind the encoder cache."""
-        from superfluid.core.media import EncoderCache
-
-        self.media = EncoderCache(encode)
 
     def close(self) -> None:
         for chain in self.samplers.values():
             free_sampler(chain)
         self.samplers.clear()
         llama_cpp.llama_batch_free(self.batch)
-        if self._image_batch is not None:
-            llama_cpp.llama_batch_free(self._image_batch[0])
+        self.free_images()
 
     # ---- slots ---------------------------------------------------------------------------
 
@@ -333,55 +325,6 @@ class LlamaCppRunner(tick_runner.TickRunner):
         seconds = time.perf_counter() - t0
         steps.append(StepTiming(prefill_tokens=n - decode_tokens, decode_tokens=decode_tokens, seconds=seconds))
         return True
-
-    def _image_step(self, images: list[Work], limit: int, steps: list[StepTiming]) -> bool:
-        """One forward pass of image rows: each lane whose feed starts with placeholders feeds the
-        embedding rows of its image(s) there (encoded on first use, by content hash), in slot
-        order, up to the step's room. llama.cpp decodes a batch of either tokens or embeddings,
-        so token rows wait for the next step."""
-        batch, rows_view, width = self._embedding_batch()
-        room = self.n_ubatch if limit <= 0 else min(self.n_ubatch, limit)
-        taken: list[tuple[Work, int, int]] = []
-        n = 0
-        t0 = time.perf_counter()
-        for w in sorted(images, key=_slot):
-            if room <= 0:
-                break
-            count = min(leading_placeholders(w.feed), room)
-            rows_view[n * width:(n + count) * width] = self.media.row_block(w.media, w.pos, count).reshape(-1)
-            for i in range(count):
-                batch.pos[n + i] = w.pos + i
-                batch.n_seq_id[n + i] = 1
-                batch.seq_id[n + i][0] = w.slot
-                batch.logits[n + i] = False
-            if count == len(w.feed) and w.sample:
-                batch.logits[n + count - 1] = True
-            taken.append((w, n, count))
-            n += count
-            room -= count
-        batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self.ctx, batch)
-        if rc != 0 and not self._decode_failed(rc, n):
-            return False
-        for w, first, count in taken:
-            del w.feed[:count]
-            w.pos += count
-            w.result.n_fed += count
-            w.result.n_prefill += count
-            if not w.feed and w.sample:
-                token, logprob = self._sample(w.slot, self.samplers.get(w.slot), first + count - 1)
-                w.sampled(token, self.is_eog(token), logprob)
-        steps.append(StepTiming(prefill_tokens=n, decode_tokens=0, seconds=time.perf_counter() - t0))
-        return True
-
-    def _embedding_batch(self):
-        """(the embedding batch, a float32 view of its rows, the row width), made once."""
-        if self._image_batch is None:
-            width = llama_cpp.llama_model_n_embd_inp(self.model)
-            batch = llama_cpp.llama_batch_init(self.n_ubatch, width, 1)
-            view = np.ctypeslib.as_array(batch.embd, shape=(self.n_ubatch * width,))
-            self._image_batch = (batch, view, width)
-        return self._image_batch
 
     def _decode_rounds(self, active: list[Work], quiet: bool, steps: list[StepTiming]) -> bool:
         """The steady state, where every lane feeds back the one token it sampled last: as many

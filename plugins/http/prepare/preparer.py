@@ -15,12 +15,10 @@ from typing import Callable
 
 import attrs
 
-from superfluid.core import reasoning as reasoning_
 from superfluid.core.chat import render_chat
-from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.media import MediaSpan
-from superfluid.core.request import Request, ThinkBudget, new_request_id
+from superfluid.core.request import Request, new_request_id
 
 from ..keys.auth import applied_class, check_model, note_class, request_key
 from ..openai.chat_protocol import ChatFields
@@ -31,6 +29,7 @@ from ..images import has_images
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .image_prompt import ImageMarkers, tokenize_with_images
 from .qos_class import batch_invariant, request_class
+from .reasoning import Reasoning, reasoning_of, template_kwargs, thinking_budget
 from .tool_format import ToolPlan
 from .tool_render import render_prompt
 
@@ -62,54 +61,6 @@ class Prepared:
         """The sink of every choice's lane (:class:`~..bridge.EventBridge`): the first's request
         has it as its sink, the others :meth:`~..bridge.EventBridge.lane`."""
         return self.requests[0].sink
-
-
-@attrs.define(frozen=True)
-class Reasoning:
-    """How a chat's reply is split into reasoning and answer (:mod:`superfluid.core.reasoning`):
-    the span's markers, and whether the prompt opened it (the reply starts inside)."""
-
-    markers: reasoning_.Markers
-    inside: bool = False
-
-    def parser(self) -> reasoning_.ReasoningParser:
-        return reasoning_.ReasoningParser(self.markers, inside=self.inside)
-
-
-#: what a chat template is always given; chat_template_kwargs may not set them
-_TEMPLATE_OWN = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
-
-
-def template_kwargs(req) -> dict:
-    """The extra variables a chat's template is rendered with: ``chat_template_kwargs`` as sent,
-    and ``enable_thinking`` (Qwen3's switch) from ``reasoning_effort`` ("none" and "minimal": off;
-    any other: on) unless the kwargs set it. A template without the switch ignores it."""
-    kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
-    for key in kwargs:
-        if key in _TEMPLATE_OWN:
-            raise InvalidRequest(f"chat_template_kwargs may not set {key!r}: the server sets it",
-                                 param="chat_template_kwargs", code="invalid_value")
-    effort = getattr(req, "reasoning_effort", None)
-    if effort is not None and "enable_thinking" not in kwargs:
-        kwargs["enable_thinking"] = effort not in ("none", "minimal")
-    return kwargs
-
-
-def reasoning_of(runtime, prompt: str) -> Reasoning | None:
-    """How a chat on ``runtime`` whose rendered prompt is ``prompt`` is parsed: the model's
-    ``reasoning-parser`` ("auto": from its chat template), None for a model that does not reason."""
-    config = getattr(runtime, "config", None)
-    try:
-        choice = CORE_OPTIONS.of(config).reasoning_parser if config is not None else "auto"
-    except Exception:  # noqa: BLE001 - a hand-built runtime without the option: auto
-        choice = "auto"
-    if choice == "none":
-        return None
-    markers = (reasoning_.detect(runtime.engine.info.chat_template) if choice == "auto"
-               else reasoning_.PARSERS[choice])
-    if markers is None:
-        return None
-    return Reasoning(markers, inside=reasoning_.starts_inside(prompt, markers))
 
 
 def max_tokens(asked: int | None, key: str, chat: bool, n_prompt: int, ctx: int, cap: int = 0,
@@ -290,7 +241,7 @@ class Preparer:
             sampling = attrs.evolve(sampling, grammar=asked.grammar)
         if tools.prefill:
             thinks = None
-        sampling = _thinking_budget(req, runtime, thinks, sampling)
+        sampling = thinking_budget(req, runtime, thinks, sampling)
         stop = params.stop_strings(req) + tools.stop
         named = getattr(req, "model", None) or model
         # the header is validated also when overridden
@@ -310,22 +261,6 @@ class Preparer:
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
                         include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0,
                         reasoning=thinks)
-
-
-def _thinking_budget(req, runtime, thinks: Reasoning | None, sampling):
-    """``sampling`` with a chat's ``thinking_budget`` (a reasoning model's span held to that many
-    tokens, :class:`superfluid.core.request.ThinkBudget`), when its model reasons and the reply is
-    parsed for a span; a model that does not reason ignores it, as a template without the switch
-    ignores ``enable_thinking``."""
-    budget = getattr(req, "thinking_budget", None)
-    if budget is None or thinks is None:
-        return sampling
-    if not getattr(runtime.engine.capabilities, "grammars", False):
-        raise InvalidRequest(f"model {runtime.name!r} cannot enforce a thinking budget: its engine does not "
-                             "constrain sampling", param="thinking_budget", code="unsupported_value")
-    markers = thinks.markers
-    return attrs.evolve(sampling, think_budget=ThinkBudget(
-        budget, close=markers.end, open=None if thinks.inside else markers.start))
 
 
 @attrs.define(frozen=True)

@@ -1,0 +1,77 @@
+"""A reasoning model's chat, prepared: which parser splits its reply (the model's
+``reasoning-parser``, "auto" from its chat template), the template variables that switch its
+thinking on or off (``enable_thinking``), and the thinking budget its sampling enforces
+(:mod:`superfluid.core.think_budget`)."""
+
+from __future__ import annotations
+
+import attrs
+
+from superfluid.core import reasoning as reasoning_
+from superfluid.core.config import CORE_OPTIONS
+from superfluid.core.errors import InvalidRequest
+from superfluid.core.request import ThinkBudget
+
+
+@attrs.define(frozen=True)
+class Reasoning:
+    """How a chat's reply is split into reasoning and answer (:mod:`superfluid.core.reasoning`):
+    the span's markers, and whether the prompt opened it (the reply starts inside)."""
+
+    markers: reasoning_.Markers
+    inside: bool = False
+
+    def parser(self) -> reasoning_.ReasoningParser:
+        return reasoning_.ReasoningParser(self.markers, inside=self.inside)
+
+
+#: what a chat template is always given; chat_template_kwargs may not set them
+_TEMPLATE_OWN = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
+
+
+def template_kwargs(req) -> dict:
+    """The extra variables a chat's template is rendered with: ``chat_template_kwargs`` as sent,
+    and ``enable_thinking`` (Qwen3's switch) from ``reasoning_effort`` ("none" and "minimal": off;
+    any other: on) unless the kwargs set it. A template without the switch ignores it."""
+    kwargs = dict(getattr(req, "chat_template_kwargs", None) or {})
+    for key in kwargs:
+        if key in _TEMPLATE_OWN:
+            raise InvalidRequest(f"chat_template_kwargs may not set {key!r}: the server sets it",
+                                 param="chat_template_kwargs", code="invalid_value")
+    effort = getattr(req, "reasoning_effort", None)
+    if effort is not None and "enable_thinking" not in kwargs:
+        kwargs["enable_thinking"] = effort not in ("none", "minimal")
+    return kwargs
+
+
+def reasoning_of(runtime, prompt: str) -> Reasoning | None:
+    """How a chat on ``runtime`` whose rendered prompt is ``prompt`` is parsed: the model's
+    ``reasoning-parser`` ("auto": from its chat template), None for a model that does not reason."""
+    config = getattr(runtime, "config", None)
+    try:
+        choice = CORE_OPTIONS.of(config).reasoning_parser if config is not None else "auto"
+    except Exception:  # noqa: BLE001 - a hand-built runtime without the option: auto
+        choice = "auto"
+    if choice == "none":
+        return None
+    markers = (reasoning_.detect(runtime.engine.info.chat_template) if choice == "auto"
+               else reasoning_.PARSERS[choice])
+    if markers is None:
+        return None
+    return Reasoning(markers, inside=reasoning_.starts_inside(prompt, markers))
+
+
+def thinking_budget(req, runtime, thinks: Reasoning | None, sampling):
+    """``sampling`` with a chat's ``thinking_budget`` (a reasoning model's span held to that many
+    tokens, :class:`superfluid.core.request.ThinkBudget`), when its model reasons and the reply is
+    parsed for a span; a model that does not reason ignores it, as a template without the switch
+    ignores ``enable_thinking``."""
+    budget = getattr(req, "thinking_budget", None)
+    if budget is None or thinks is None:
+        return sampling
+    if not getattr(runtime.engine.capabilities, "grammars", False):
+        raise InvalidRequest(f"model {runtime.name!r} cannot enforce a thinking budget: its engine does not "
+                             "constrain sampling", param="thinking_budget", code="unsupported_value")
+    markers = thinks.markers
+    return attrs.evolve(sampling, think_budget=ThinkBudget(
+        budget, close=markers.end, open=None if thinks.inside else markers.start))
