@@ -5,7 +5,7 @@ under ``/api`` are Ollama's shape (``{"error": "…"}``)."""
 
 from __future__ import annotations
 
-from ..info.openapi_ops import GENERATE, QOS_HEADER, errors_shaped, op
+from ..info.openapi_ops import BODY, GENERATE, QOS_HEADER, errors_shaped, op
 from ..info.openapi_schema import integer, json_body, obj, string
 
 _ERROR = obj({"error": string()}, required=("error",))
@@ -58,12 +58,15 @@ def paths() -> dict:
         "/api/show": post("Ollama: one model's details", json_body(obj({
             "modelfile": string(), "parameters": string(), "template": string(), "details": _DETAILS,
             "model_info": {"type": "object"}, "capabilities": {"type": "array", "items": string()},
-            "modified_at": string()}), "the model"), "OllamaShowRequest", "ollamaShow", errors=(400, 404)),
+            "modified_at": string()}), "the model"), "OllamaShowRequest", "ollamaShow", errors=BODY),
         "/api/tags": get("Ollama: the served models", json_body(obj({"models": {"type": "array", "items": _MODEL}},
                                                                      required=("models",)), "the models"),
                          "ollamaTags"),
         "/api/ps": get("Ollama: the loaded models", json_body(obj({"models": {"type": "array", "items": _MODEL}},
                                                                    required=("models",)), "the models"), "ollamaPs"),
+        "/": get("Ollama's probe: a server that answers it is taken for an Ollama server (HEAD too)",
+                 {"description": "Ollama is running", "content": {"text/plain": {"schema": string()}}},
+                 "ollamaRoot"),
         "/api/version": get("Ollama: the API version followed", json_body(obj({"version": string()},
                                                                                 required=("version",)), "the version"),
                             "ollamaVersion"),
