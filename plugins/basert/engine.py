@@ -41,7 +41,7 @@ from .device import free_memory, resolve_decode, resolve_device, resolve_dtype
 from .kv_pool import PagedKV
 from .options import OPTIONS
 from .runner import PREFILL_STEP, BasertRunner
-from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS, hf_architecture, hf_text_config
+from .shape import HF_MODEL_TYPES, SUPPORTED_ARCHS, hf_architecture
 
 log = logging.getLogger("superfluid.basert")
 
@@ -57,17 +57,6 @@ def architecture(vocab, config: dict | None = None, name: str = "config.json") -
             return hf_architecture(config, name)
         return HF_MODEL_TYPES.get(vocab.model_type, vocab.model_type)
     return getattr(vocab, "arch", "") or ""
-
-
-def _text_half_info(vocab, config: dict, name: str) -> None:
-    """A vision-language directory keeps its language half's width and context in
-    ``text_config``, where the HF vocabulary does not look: set them on its ModelInfo."""
-    text, prefix = hf_text_config(config, name)
-    if prefix == "model.":
-        return
-    info = vocab.info
-    vocab.info = attrs.evolve(info, n_embd=info.n_embd or int(text.get("hidden_size") or 0),
-                              n_ctx_train=info.n_ctx_train or int(text.get("max_position_embeddings") or 0))
 
 
 class BasertEngine(VocabEngine):
@@ -99,7 +88,6 @@ class BasertEngine(VocabEngine):
             if isinstance(vocab, HFVocab):
                 with open(os.path.join(self.path, "config.json")) as f:
                     hf_config = json.load(f)
-                _text_half_info(vocab, hf_config, model.name)
             self.arch = architecture(vocab, hf_config, model.name)
         except (OSError, ValueError, ConfigError) as exc:
             vocab.close()

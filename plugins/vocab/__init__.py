@@ -74,13 +74,15 @@ class HFVocab:
         self.byte_level = self._is_byte_level()
         self._bytes = _byte_decoder() if self.byte_level else None
         probe = t.encode("a", add_special_tokens=True)
+        # a vision-language directory (SmolVLM) keeps its language half's shape in text_config
+        shape = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
         self.info = ModelInfo(
             name=name, path=path, chat_template=getattr(t, "chat_template", None),
             bos_token=t.bos_token or "", eos_token=t.eos_token or "", bos_id=t.bos_token_id,
             add_bos=bool(t.bos_token_id is not None and probe[:1] == [t.bos_token_id]),
             n_vocab=self.n_vocab,
-            n_ctx_train=int(config.get("max_position_embeddings") or 0),
-            n_embd=int(config.get("hidden_size") or 0))
+            n_ctx_train=int(shape.get("max_position_embeddings") or config.get("max_position_embeddings") or 0),
+            n_embd=int(shape.get("hidden_size") or config.get("hidden_size") or 0))
         self.model_type = str(config.get("model_type") or "")
         eos = config.get("eos_token_id")
         eos = eos if isinstance(eos, list) else [eos]
