@@ -269,7 +269,10 @@ class BasertRunner(tick_runner.TickRunner):
             self.pool.note_tokens(w.slot, start, fed)
             sampler = self.samplers.get(w.slot)
             if w.accept and sampler:
-                self._accept_fed(sampler, fed, start, w.replay_from)
+                if w.media:
+                    self._accept_fed(sampler, fed, start, w.replay_from)
+                else:
+                    sampler.accept_fed(fed, start, w.replay_from)
             targets = w.scored(r.count)
             if any(t is not None for t in targets):
                 host = row_logits[i].float().cpu().numpy()
@@ -333,6 +336,8 @@ class BasertRunner(tick_runner.TickRunner):
         index: list[int] = []
         blocks: list[np.ndarray] = []
         for r, toks in zip(rows, fed_tokens):
+            if not r.work.media:  # no image in this feed (core sets media wherever it holds one)
+                continue
             i = 0
             while i < r.count:
                 if toks[i] >= 0:
