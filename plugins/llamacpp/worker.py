@@ -51,13 +51,6 @@ def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: in
     return n_seq, max(cells, max_context), True
 
 
-def lane_cells(n_ctx: int, n_seq: int, n_lanes: int, unified: bool) -> int:
-    """The KV capacity occupancy is measured against: the cells the lanes can hold. A shared
-    pool is all of it; per-sequence buffers count only the lanes' own (the two spare sequences
-    hold nothing), so a full batch of full lanes reads as 100 %, and the watermarks can fire."""
-    return n_ctx if unified else n_ctx // n_seq * n_lanes
-
-
 def abort_on_flag(cparams, stop_flag: StopFlag) -> None:
     """Make llama.cpp abort a running ``llama_decode`` as soon as the stop flag is set.
 
@@ -144,7 +137,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("error", str(exc)))
         return
     runner = LlamaCppRunner(model, ctx, n_seq, spec.n_ubatch, stop_flag,
-                        lane_cells(n_ctx_real, n_seq, spec.max_lanes, unified), unified=unified,
+                        n_ctx_real, unified=unified,  # occupancy counts every cell: spare sequences hold prefixes
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
                         pooling=model_pooling(model))
     encoder = None
