@@ -119,10 +119,14 @@ class Lane:
         done."""
         self.cancel_requested = True
 
-    def tick_passed(self, served: bool) -> None:
+    def tick_passed(self, served: bool, passed_over: bool = True) -> None:
         """Another tick went by: one more it waited for, unless it was served (queued lanes never
-        are). Starvation is counted in these."""
-        self.waited_ticks = 0 if served else self.waited_ticks + 1
+        are). Starvation is counted in these. A running lane that was not ``passed_over`` (only
+        older lanes of its class or above were served) waited its turn: the count stays."""
+        if served:
+            self.waited_ticks = 0
+        elif passed_over:
+            self.waited_ticks += 1
 
     def bind(self, binding: Binding, now: float) -> bool:
         """Admitted (again, after a preemption) into ``binding.slot``, seeded as the KV manager

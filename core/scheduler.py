@@ -16,6 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from . import qos
 from .costs import CostModel
 from .errors import DeadlineExceeded, EngineFailure
 from .kv import KVManager
@@ -87,13 +88,25 @@ class Scheduler:
             plan = self.hook.superfluid_plan_tick(
                 lanes=list(self.lanes), queue=list(self.queue), costs=self.costs,
                 capabilities=self.kv.caps, settings=self.settings, now=now)
-        planned = {lp.slot for lp in plan.lanes}
-        for lane in self.lanes:  # admitted lanes left without prefill age toward starvation too
-            if lane.is_prefilling:
-                lane.tick_passed(served=lane.slot in planned)
+        self._age_prefilling({lp.slot for lp in plan.lanes})
         self.kv.fill_plan(plan)
         annotate(plan, self.lanes)
         return plan
+
+    def _age_prefilling(self, planned: set[int]) -> None:
+        """Admitted lanes left without prefill age toward starvation too, but only when a newer
+        lane or one of a higher class was fed instead: behind older lanes of its own class a lane
+        is waiting its turn (shortest remaining prompt first), which ends when theirs do."""
+        prefilling = [l for l in self.lanes if l.is_prefilling]
+        age = {id(l): i for i, l in enumerate(sorted(self.lanes, key=lambda l: l.admitted_at or 0.0))}
+        served = [l for l in prefilling if l.slot in planned]
+        for lane in prefilling:
+            if lane.slot in planned:
+                lane.tick_passed(served=True)
+                continue
+            passed = any(age[id(s)] > age[id(lane)] or qos.priority(s.qos) < qos.priority(lane.qos)
+                         for s in served)
+            lane.tick_passed(served=False, passed_over=passed)
 
     def _admit(self, now: float) -> None:
         """Fill free lanes in policy order; with none free, let the policy preempt for a lane."""

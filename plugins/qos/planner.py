@@ -13,6 +13,8 @@ from superfluid.core import qos
 from superfluid.core.lane import Lane
 from superfluid.core.tick import OWN, LanePlan, TickPlan
 
+from .options import OPTIONS
+
 STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
 MIN_STEP = 128                  # (engines that cannot abort a step in flight)
 PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
@@ -70,14 +72,25 @@ def is_quiet(decoding: list[Lane], prefilling: list[Lane], queue: list[Lane], ca
 
 
 def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
-    """Starving lanes first, then by class, then shortest remaining prompt first.
+    """Urgent lanes first, then starving lanes, then by class, then shortest remaining prompt
+    first, the oldest first among equals.
 
-    Starvation ages a lane the way it ages a queued job: one class up per ``starvation_ticks``
-    ticks without prefill. So an agent lane starved behind other agents goes first among them, yet
-    a chat that just arrived (interactive) is not pushed behind agents that starved before it came."""
+    Shortest remaining first makes equal-class agents prefill in turn: the lane that has started
+    has the least left, so it keeps the budget until its first token, and the others' first tokens
+    come as they would one at a time, instead of all late together. A lane starves
+    (``waited_ticks`` reaches ``starvation_ticks``) only when newer or higher-class lanes took the
+    prefill it waited for (the scheduler counts it so, see ``Lane.tick_passed``); waiting behind an
+    older lane of its own class is its turn, not starvation. A starving lane then gets the next
+    chunk, which bounds how long a long prompt waits behind a stream of short ones.
+
+    The spec orders "starving lanes first, then by class"; interactive and completion lanes
+    (the urgent classes) still go before starving lanes, because an agent that starved behind
+    other agents would otherwise take a chat's first prefill chunk, which is the one thing the
+    interactive class promises (first token within a second)."""
     def key(lane: Lane):
-        rise = lane.waited_ticks // max(settings.starvation_ticks, 1)
-        return (max(0, qos.priority(lane.qos) - rise), -rise, lane.to_feed)
+        starving = lane.waited_ticks >= max(settings.starvation_ticks, 1)
+        return (lane.qos not in URGENT, not starving, qos.priority(lane.qos), lane.to_feed,
+                lane.admitted_at or 0.0)
     return sorted(lanes, key=key)
 
 
@@ -91,7 +104,7 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
                              / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     finishing = any(l.remaining_tokens <= base_rounds for l in decoding)
     admitting = len(lanes) < settings.max_batch or finishing
-    quiet = is_quiet(decoding, prefilling, queue, capabilities)
+    quiet = OPTIONS.of(settings).quiet_ticks and is_quiet(decoding, prefilling, queue, capabilities)
     target = tick_target_s(capabilities, settings, admitting and not quiet)
 
     plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities), quiet=quiet)

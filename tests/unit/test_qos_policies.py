@@ -520,10 +520,16 @@ def test_prefill_order_starving_then_class_then_shortest():
     ag_partly = prefilling("agent", prompt=400, cached=350)   # 50 left: shortest *remaining*
     bg = prefilling("background", prompt=5, waited=7)           # one tick short of starving
     lanes = [bg, ag_short, chat_long, bg_starving_long, fim, ag_partly, chat_short, ag_starving]
-    # starvation ages a lane one class per period: the agent starved two periods ranks with
-    # interactive (and first among them); the background lane starved one ranks with agents
+    # urgent classes first (their first token is what they are promised), then starving lanes by
+    # class, then the rest by class and shortest remaining prompt
     assert planner.prefill_order(lanes, s) == [
-        ag_starving, chat_short, chat_long, fim, bg_starving_long, ag_partly, ag_short, bg]
+        chat_short, chat_long, fim, ag_starving, bg_starving_long, ag_partly, ag_short, bg]
+
+
+def test_prefill_order_equal_lanes_oldest_first():
+    s = settings(starvation_ticks=8)
+    lanes = [prefilling("agent", prompt=1000, admitted_at=t) for t in (3.0, 1.0, 2.0)]
+    assert [l.admitted_at for l in planner.prefill_order(lanes, s)] == [1.0, 2.0, 3.0]
 
 
 def test_plan_gives_budget_in_prefill_order():
@@ -578,13 +584,13 @@ def test_finishing_completion_prompt_keeps_interactive_but_drops_lower():
     assert ag not in grants(p, lanes)
 
 
-def test_urgent_prompt_not_finishing_leaves_lower_prefill_alone():
+def test_urgent_prompt_goes_before_a_starving_agent():
     costs = measured(prefill=1e-5)
-    ag = prefilling("agent", prompt=200, waited=16)   # starved two periods: ranks with interactive
+    ag = prefilling("agent", prompt=200, waited=16)   # starved two periods
     chat = prefilling("interactive", prompt=3000)     # does not finish within the budget
     lanes = [chat, ag]
     p = plan(lanes, costs, prefill_budget=1000, starvation_ticks=8)
-    assert fed(p, lanes) == [(ag, 200), (chat, 800)]
+    assert fed(p, lanes) == [(chat, 1000)]
 
 
 def test_finishing_agent_prompt_does_not_drop_background():
@@ -847,6 +853,15 @@ def test_a_quiet_tick_runs_to_the_busy_target_with_lanes_free():
     assert p.quiet
     assert p.target_s == pytest.approx(BUSY_TARGET_S)
     assert p.decode_grant == 25                                   # 0.25 s of 10 ms rounds, not 5
+
+
+def test_quiet_ticks_off_keeps_the_free_lane_target():
+    lanes = [decoding("agent"), decoding("background")]
+    p = planner.plan_tick(lanes, [], measured(decode={2: 0.01}), CAPS,
+                          settings(extra={"quiet-ticks": False}))
+    assert not p.quiet
+    assert p.target_s == pytest.approx(CAPS.tick_target_free_ms / 1000.0)
+    assert p.decode_grant == 5
 
 
 @pytest.mark.parametrize("why", ["queued", "prefilling", "streamed", "stop strings", "no mid-tick stop"])

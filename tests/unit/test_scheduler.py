@@ -143,6 +143,38 @@ def test_admitted_lane_prefill_not_starved_beyond_bound(make):
     assert bg_ticks[0] <= 3 + 1, f"background lane first prefilled at tick {bg_ticks[0]}"
 
 
+def test_equal_class_agents_prefill_in_turn(make):
+    """Eight agents of one class with equal prompts: the one that has started keeps the budget
+    until its first token (shortest remaining first), so each agent's prompt is fed in one run of
+    ticks, and none starts before the one before it finished: one-at-a-time first tokens."""
+    loop, engine = make(max_batch=8, prefill_budget=256, starvation_ticks=3, start=False)
+    seed_prefill_rate(loop, 1e-5)
+    sinks = [submit(loop, [i + 1] * 1000, 1, qos="agent")[1] for i in range(8)]
+    finish(loop, engine, *sinks)
+    spans = []
+    for i in range(8):
+        ticks = [t for t, _ in lane_plans(engine, i + 1)]
+        assert ticks == list(range(ticks[0], ticks[0] + len(ticks))), f"agent {i} interrupted: {ticks}"
+        spans.append((ticks[0], ticks[-1]))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans  # the rest of a tick goes to the next
+    assert engine.errors == []
+
+
+def test_newer_shorter_lanes_do_not_starve_an_older_long_prompt(make):
+    """Shortest remaining first would feed a stream of short prompts ahead of a long one forever;
+    a lane passed over by newer lanes starves after --starvation-ticks and is fed next."""
+    loop, engine = make(max_batch=8, prefill_budget=128, starvation_ticks=2, start=False)
+    seed_prefill_rate(loop, 1e-5)
+    _, long_sink = submit(loop, [1] * 2000, 1, qos="agent")
+    shorts = [submit(loop, [i + 2] * 120, 1, qos="agent")[1] for i in range(6)]
+    finish(loop, engine, long_sink, *shorts)
+    long_ticks = [t for t, _ in lane_plans(engine, 1)]
+    short_firsts = sorted(lane_plans(engine, i + 2)[0][0] for i in range(6))
+    assert long_ticks[0] < short_firsts[-1], (long_ticks, short_firsts)  # fed before the shorts all ran
+    assert long_ticks[0] <= 2 + 1
+
+
 # ---- admission order --------------------------------------------------------------------------------
 
 def test_admission_follows_class_priority_fifo_within_class(make):
