@@ -31,7 +31,7 @@ OPTIONS = PluginOptions("qos", [
     Option("class-lanes", dict, {}, "cap the lanes a class may hold, e.g. background=2,agent=6 "
            "(each between 1 and --max-batch)", model_scoped=True, metavar="CLASS=N,...",
            parse=parse_class_lanes, inherit=False),
-    Option("quiet-ticks", bool, True, "with a lane free but nothing queued or prefilling and no client "
+    Option("quiet-ticks", bool, False, "with a lane free but nothing queued or prefilling and no client "
            "reading before a reply ends, run ticks to the busy target and end one at the engine's next "
            "step when a request arrives (engines that can stop mid-tick); off: every tick with a lane "
            "free aims at the engine's free-lane target (50 ms on llama.cpp and MLX)", model_scoped=True),

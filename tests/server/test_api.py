@@ -6,6 +6,8 @@ import concurrent.futures as cf
 import random
 import time
 
+import pytest
+
 CHATML = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -121,9 +123,12 @@ def _counter(server, name: str) -> float:
     return server.metrics().get(f'{name}{{model="smollm2"}}', 0.0)
 
 
-def test_a_reply_sent_whole_runs_in_quiet_ticks_that_yield_to_a_newcomer(server, client):
-    """A lone non-streamed lane decodes in quiet ticks (250 ms with lanes free); a streamed
-    newcomer ends the quiet tick in flight instead of waiting for it."""
+def test_a_reply_sent_whole_runs_in_quiet_ticks_that_yield_to_a_newcomer(start_server):
+    """With --quiet-ticks, a lone non-streamed lane decodes in quiet ticks (250 ms with lanes
+    free); a streamed newcomer ends the quiet tick in flight instead of waiting for it."""
+    openai = pytest.importorskip("openai")
+    server = start_server("--max-batch", "4", "--quiet-ticks")
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", timeout=120, max_retries=0)
     quiet0 = _counter(server, "superfluid_quiet_ticks_total")
     early0 = _counter(server, "superfluid_ticks_ended_early_total")
     with cf.ThreadPoolExecutor(1) as pool:

@@ -159,7 +159,7 @@ def test_a_quiet_tick_yields_to_any_newcomer(make, watched):
     """A reply sent whole with no stop strings runs in quiet ticks (longer than the free-lane
     target); a newcomer of any class ends one after the step in flight instead of waiting for it.
     A streamed reply keeps short ticks, and an agent arriving waits for the tick in flight."""
-    loop, engine = make()
+    loop, engine = make(extra={"quiet-ticks": True})
     engine.block(after=1)                              # the prefill tick runs, the next is held
     _, first = submit(loop, [1, 2], 500, streamed=watched)
     assert engine.holding.wait(WAIT)

@@ -841,6 +841,9 @@ def test_streaming_lanes_keep_uniform_engine_ticks_near_the_target():
 
 # ---- quiet ticks ------------------------------------------------------------------------------------
 
+QUIET = {"quiet-ticks": True}
+
+
 def _watched(lane: Lane, **changes) -> Lane:
     lane.request = attrs.evolve(lane.request, **changes)
     return lane
@@ -849,16 +852,15 @@ def _watched(lane: Lane, **changes) -> Lane:
 def test_a_quiet_tick_runs_to_the_busy_target_with_lanes_free():
     decode = {2: 0.01}
     lanes = [decoding("agent"), decoding("background")]           # 6 of 8 lanes free
-    p = plan(lanes, measured(decode=decode))
+    p = plan(lanes, measured(decode=decode), extra=QUIET)
     assert p.quiet
     assert p.target_s == pytest.approx(BUSY_TARGET_S)
     assert p.decode_grant == 25                                   # 0.25 s of 10 ms rounds, not 5
 
 
-def test_quiet_ticks_off_keeps_the_free_lane_target():
+def test_quiet_ticks_off_by_default_keeps_the_free_lane_target():
     lanes = [decoding("agent"), decoding("background")]
-    p = planner.plan_tick(lanes, [], measured(decode={2: 0.01}), CAPS,
-                          settings(extra={"quiet-ticks": False}))
+    p = planner.plan_tick(lanes, [], measured(decode={2: 0.01}), CAPS, settings())
     assert not p.quiet
     assert p.target_s == pytest.approx(CAPS.tick_target_free_ms / 1000.0)
     assert p.decode_grant == 5
@@ -879,6 +881,6 @@ def test_a_tick_someone_waits_on_is_not_quiet(why):
         _watched(lanes[1], stop=("\n\n",))
     else:
         caps = attrs.evolve(CAPS, stops_mid_tick=False)
-    p = plan(lanes, measured(prefill=0.001, decode=decode), queue=queue, caps=caps)
+    p = plan(lanes, measured(prefill=0.001, decode=decode), queue=queue, caps=caps, extra=QUIET)
     assert not p.quiet
     assert p.target_s == pytest.approx(CAPS.tick_target_free_ms / 1000.0)

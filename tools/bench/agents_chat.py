@@ -1,5 +1,12 @@
 """Agents + interactive chat: eight agents prefilling long prompts, then one short chat in the
-interactive class. Reports the chat's time to first token on each target.
+interactive class. Reports the chat's time to first token on each target, and the agents' own
+first tokens (mean and p90) against what serving them one at a time would give.
+
+The one-at-a-time reference comes from a lone agent measured first on the same target (a prompt
+of the same length no other request shares): its first-token time gives the prefill rate, and
+serving the burst's prompts one after another, shortest first, at that rate gives each agent's
+first token at the sum of the prompts before it and its own. For equal prompts that is the lone
+time × (n+1)/2 on average. ``--no-reference`` skips the lone agent.
 
     python -m tools.bench.agents_chat --target superfluid=http://127.0.0.1:8080 \\
         --target llama-server=http://127.0.0.1:8081 --prompt-tokens 6000
@@ -25,7 +32,7 @@ import time
 
 import aiohttp
 
-from .client import first_model
+from .client import first_model, sse_data
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the committee reviews section {i} "
           "of the report on distributed systems, caching strategies and scheduling policies. ")
@@ -40,17 +47,64 @@ def agent_prompt(index: int, approx_tokens: int) -> str:
 
 
 async def _agent(session, base, model, prompt, max_tokens, timeout, ignore_eos=False):
+    """One agent request, streamed so its first token is timed; the usage chunk gives its prompt
+    length (servers that send none leave it None)."""
     t0 = time.monotonic()
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
     if ignore_eos:  # llama.cpp's extension: the reply runs its whole length
         body["ignore_eos"] = True
+    first = prompt_tokens = None
     async with session.post(f"{base}/v1/completions", json=body,
             headers={"x-superfluid-qos": "agent"}, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-        body = await r.json(content_type=None)
-        ok = r.status == 200
-    return {"ok": ok, "seconds": time.monotonic() - t0,
-            "prompt_tokens": body.get("usage", {}).get("prompt_tokens") if ok else None,
-            "error": None if ok else str(body)[:300]}
+        if r.status != 200:
+            return {"ok": False, "seconds": time.monotonic() - t0, "ttft": None, "prompt_tokens": None,
+                    "error": (await r.text())[:300]}
+        async for payload in sse_data(r.content):
+            chunk = json.loads(payload)
+            if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
+                first = time.monotonic() - t0
+            prompt_tokens = (chunk.get("usage") or {}).get("prompt_tokens", prompt_tokens)
+    return {"ok": first is not None, "seconds": time.monotonic() - t0, "ttft": first,
+            "prompt_tokens": prompt_tokens, "error": None if first is not None else "no token came"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation between the sorted values."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def one_at_a_time(prompt_tokens: list[int], lone_tokens: int, lone_ttft: float) -> list[float]:
+    """First-token times if the prompts were prefilled one after another, shortest first, at the
+    lone agent's rate (its prompt tokens over its first-token time)."""
+    per_token = lone_ttft / max(lone_tokens, 1)
+    done, out = 0, []
+    for n in sorted(prompt_tokens):
+        done += n
+        out.append(done * per_token)
+    return out
+
+
+def agent_summary(results: list[dict], lone: dict | None) -> dict:
+    """The burst's agent first tokens (mean, p90, each) and, with a lone agent, the reference."""
+    firsts = [r["ttft"] for r in results if r["ttft"] is not None]
+    out: dict = {"agent_ttfts_s": sorted(firsts)}
+    if not firsts:
+        return out
+    out["agent_ttft_mean_s"] = sum(firsts) / len(firsts)
+    out["agent_ttft_p90_s"] = percentile(firsts, 0.9)
+    tokens = [r["prompt_tokens"] for r in results]
+    if lone and lone.get("ttft") and lone.get("prompt_tokens") and all(tokens):
+        ref = one_at_a_time(tokens, lone["prompt_tokens"], lone["ttft"])
+        out["lone_ttft_s"], out["lone_prompt_tokens"] = lone["ttft"], lone["prompt_tokens"]
+        out["reference_mean_s"] = sum(ref) / len(ref)
+        out["reference_p90_s"] = percentile(ref, 0.9)
+        out["mean_over_reference"] = out["agent_ttft_mean_s"] / out["reference_mean_s"]
+    return out
 
 
 async def _chat(session, base, model, timeout):
@@ -74,6 +128,12 @@ async def _chat(session, base, model, timeout):
 async def run_target(name, base, args):
     async with aiohttp.ClientSession() as session:
         model = args.model or await first_model(session, base, 30)
+        lone = None
+        if not args.no_reference:  # same length as the burst's prompts (index n), shared by none
+            lone = await _agent(session, base, model, agent_prompt(args.agents, args.prompt_tokens),
+                                args.agent_tokens, args.timeout, args.ignore_eos)
+            print(f"{name}: lone agent's first token {lone['ttft']} s for {lone['prompt_tokens']} "
+                  "prompt tokens", file=sys.stderr, flush=True)
         prompts = [agent_prompt(i, args.prompt_tokens) for i in range(args.agents)]
         t0 = time.monotonic()
         agents = [asyncio.create_task(_agent(session, base, model, p, args.agent_tokens, args.timeout,
@@ -83,12 +143,17 @@ async def run_target(name, base, args):
         chat = await _chat(session, base, model, args.timeout)
         results = await asyncio.gather(*agents)
     out = {"target": name, "base": base, "chat_ttft_s": chat["ttft"], "chat_total_s": chat["seconds"],
-           "agents_ok": sum(r["ok"] for r in results), "agents": results,
-           "wall_s": time.monotonic() - t0}
+           "agents_ok": sum(r["ok"] for r in results), "agents": results, "lone": lone,
+           "wall_s": time.monotonic() - t0, **agent_summary(results, lone)}
     print(f"{name}: chat TTFT {chat['ttft']:.3f} s; {out['agents_ok']}/{len(results)} agents done, "
+          f"first tokens {[round(t, 1) for t in out['agent_ttfts_s']]} s, "
           f"prompt tokens {[r['prompt_tokens'] for r in results]}, wall {out['wall_s']:.1f} s",
           file=sys.stderr, flush=True)
     return out
+
+
+def _cell(value, fmt="{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 def main(argv=None) -> int:
@@ -102,16 +167,20 @@ def main(argv=None) -> int:
     ap.add_argument("--chat-delay", type=float, default=2.0, help="seconds between the agents and the chat")
     ap.add_argument("--model")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the lone agent that gives the one-at-a-time reference")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     results = []
     for spec in args.target:
         name, _, base = spec.partition("=")
         results.append(asyncio.run(run_target(name, base.rstrip("/"), args)))
-    print("| target | chat TTFT (s) | agents completed | wall (s) |\n|---|---:|---:|---:|")
+    print("| target | chat TTFT (s) | agents' first token mean (s) | p90 (s) | one-at-a-time mean (s) "
+          "| mean / reference | agents completed | wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        ttft = "-" if r["chat_ttft_s"] is None else f"{r['chat_ttft_s']:.2f}"
-        print(f"| {r['target']} | {ttft} | {r['agents_ok']}/{len(r['agents'])} | {r['wall_s']:.1f} |")
+        print(f"| {r['target']} | {_cell(r['chat_ttft_s'])} | {_cell(r.get('agent_ttft_mean_s'), '{:.1f}')} "
+              f"| {_cell(r.get('agent_ttft_p90_s'), '{:.1f}')} | {_cell(r.get('reference_mean_s'), '{:.1f}')} "
+              f"| {_cell(r.get('mean_over_reference'))} | {r['agents_ok']}/{len(r['agents'])} | {r['wall_s']:.1f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results}, fh, indent=2)
