@@ -108,6 +108,12 @@ class Lane:
         return self.state in (LaneState.PREFILLING, LaneState.DECODING)
 
     @property
+    def seniority(self) -> tuple[float, float]:
+        """When it was first admitted, then when it arrived: lanes admitted in one scheduling pass
+        share ``admitted_at``, and their arrival orders them (a requeued lane keeps both)."""
+        return (self.admitted_at or 0.0, self.queued_at)
+
+    @property
     def embedded(self) -> bool:
         """An embedding lane whose whole prompt is computed: its embedding is ready."""
         return self.request.embed and self.n_cached >= self.n_prompt

@@ -98,7 +98,7 @@ class Scheduler:
         lane or one of a higher class was fed instead: behind older lanes of its own class a lane
         is waiting its turn (shortest remaining prompt first), which ends when theirs do."""
         prefilling = [l for l in self.lanes if l.is_prefilling]
-        age = {id(l): i for i, l in enumerate(sorted(self.lanes, key=lambda l: l.admitted_at or 0.0))}
+        age = {id(l): i for i, l in enumerate(sorted(self.lanes, key=lambda l: l.seniority))}
         served = [l for l in prefilling if l.slot in planned]
         for lane in prefilling:
             if lane.slot in planned:

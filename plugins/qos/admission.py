@@ -51,7 +51,8 @@ def pick_next(queue: list[Lane], lanes: list[Lane], settings, free_lanes: int = 
 def choose_victim(lane: Lane, lanes: list[Lane]) -> Lane | None:
     """For a queued interactive or completion lane: the lowest-class running lane below it,
     a decoding one before a prefilling one, never a pinned (batch-invariant, media) lane.
-    Among equals, the one admitted last loses the least work."""
+    Among prefilling lanes, the one with the least of its prompt computed loses the least work;
+    among equals, the one admitted last (agents admitted together: the one that arrived last)."""
     if lane.qos not in qos.URGENT:
         return None
     mine = qos.priority(lane.qos)
@@ -59,7 +60,7 @@ def choose_victim(lane: Lane, lanes: list[Lane]) -> Lane | None:
     if not candidates:
         return None
     return max(candidates, key=lambda l: (qos.priority(l.qos), not l.is_prefilling,
-                                          l.admitted_at or 0.0))
+                                          -l.n_cached if l.is_prefilling else 0, l.seniority))
 
 
 def pressure_victims(level: str, lanes: list[Lane]) -> list[Lane]:

@@ -90,7 +90,7 @@ def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
     def key(lane: Lane):
         starving = lane.waited_ticks >= max(settings.starvation_ticks, 1)
         return (lane.qos not in URGENT, not starving, qos.priority(lane.qos), lane.to_feed,
-                lane.admitted_at or 0.0)
+                lane.seniority)
     return sorted(lanes, key=key)
 
 

@@ -325,6 +325,16 @@ def test_victim_is_the_lowest_class_below_the_candidate(cls):
     assert victim(queued(cls), [ag, decoding("agent")]) is not None
 
 
+def test_among_prefilling_victims_the_one_with_the_least_computed_loses():
+    """Agents admitted in one pass share their admission time: the chat takes the lane of the one
+    with the least of its prompt computed (not the one that happens to be listed first), and among
+    those with none, the one that arrived last."""
+    started = prefilling("agent", prompt=4000, cached=512, admitted_at=5.0)
+    fresh = [prefilling("agent", prompt=4000, admitted_at=5.0) for _ in range(3)]
+    assert victim(queued("interactive"), [started, *fresh]) is fresh[-1]
+    assert victim(queued("interactive"), [*reversed(fresh), started]) is fresh[-1]
+
+
 def test_interactive_may_preempt_completion_but_not_the_reverse():
     fim, chat = decoding("completion"), decoding("interactive")
     assert victim(queued("interactive"), [chat, fim]) is fim
