@@ -22,6 +22,8 @@ from tools.bench.runner import Results, Settings, Target, ThroughputRound, run  
 FAKE_TOKENS = 16  # the fake's usage.completion_tokens, fixed
 FAKE_DELAY = 0.1  # seconds the fake takes to answer a completion
 FAKE_TTFT = 0.1  # seconds before the fake's first content delta
+FAKE_GAP = 0.03  # seconds between the fake's content deltas
+FAKE_DELTAS = 3  # content deltas per fake stream (then a usage chunk of 2 tokens per delta)
 TEST_DEADLINE = 60.0
 
 
@@ -96,8 +98,12 @@ class FakeOpenAI:
             try:
                 await send({"role": "assistant"})  # no content: must not count as first token
                 await asyncio.sleep(FAKE_TTFT)
-                for _ in range(3):
+                for i in range(FAKE_DELTAS):
+                    if i:
+                        await asyncio.sleep(FAKE_GAP)
                     await send({"content": "tok"})
+                usage = {"prompt_tokens": 9, "completion_tokens": 2 * FAKE_DELTAS}
+                await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
                 await resp.write(b"data: [DONE]\n\n")
             finally:
                 self.inflight -= 1
@@ -240,10 +246,28 @@ def test_bench_against_fake_server():
         assert len(r.ttft_s) == r.concurrency
         assert all(t is not None and FAKE_TTFT <= t < 5.0 for t in r.ttft_s)
 
+    # Smoothness: every stream's gaps between its content deltas (not the role chunk, not
+    # the usage chunk), and the usage's tokens beside the delta count.
+    for r in res.ttft_rounds:
+        assert r.deltas == [FAKE_DELTAS] * r.concurrency
+        assert r.completion_tokens == [2 * FAKE_DELTAS] * r.concurrency
+        assert [len(g) for g in r.gaps_s] == [FAKE_DELTAS - 1] * r.concurrency
+        assert all(FAKE_GAP * 0.9 <= g < 2.0 for gs in r.gaps_s for g in gs)
+        assert all(e["body"]["stream_options"] == {"include_usage": True}
+                   for e in fake.log if e["kind"] == "chat")
+    for name in ("A", "B"):
+        for c in cs:
+            cell = res.smoothness_cell(name, c)
+            assert cell.streams == 3 * c and cell.gaps == 3 * c * (FAKE_DELTAS - 1)
+            assert FAKE_GAP * 0.9 <= cell.p50 <= cell.p99 <= cell.max < 2.0
+            assert res.tokens_per_delta(name, c) == 2.0
+
     md = report.markdown(res)
+    assert "| A p50 |" in md and "| B worst stream's p99 |" in md and "| A tokens per delta | 2.00 |" in md
     assert "| A / B |" in md and "| target | 1 | 3 |" in md
     data = res.to_json()
     assert set(data["throughput_tok_s"]) == {"A", "B"}
+    assert set(data["smoothness_s"]["A"]["3"]) == {"p50", "p99", "max", "worst_stream_p99", "gaps", "streams"}
     json.dumps(data)
 
 

@@ -1,5 +1,6 @@
 """HTTP requests of the method, over aiohttp: model discovery, one fixed-length
-completion, one chat stream timed to its first content delta.
+completion, one chat stream timed to its first content delta and to every delta after it
+(the gaps between them are the stream's smoothness, see smoothness.py).
 
 Each call returns the monotonic instants it observed so the caller, not the request,
 decides what a round's wall time is.
@@ -34,6 +35,8 @@ class Stream:
     ttft: float | None  # seconds from send to the first content delta; None if none came
     sent: float
     done: float
+    deltas: tuple[float, ...] = ()  # arrival instants of the content deltas (perf_counter)
+    completion_tokens: int | None = None  # the stream's usage, where the server sends it
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -124,16 +127,20 @@ async def stream_ttft(
     sampling: dict[str, Any],
     timeout: float,
 ) -> Stream:
-    """One /v1/chat/completions stream, read to its end, timed to its first content delta."""
+    """One /v1/chat/completions stream, read to its end: the instant of every content delta
+    (the first gives the first-token time) and the usage's completion tokens. It asks for the
+    usage chunk (``stream_options.include_usage``), which servers that do not know it ignore."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": user_text}],
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
+        "stream_options": {"include_usage": True},
         **sampling,
     }
-    ttft = None
+    deltas: list[float] = []
+    tokens = None
     sent = time.perf_counter()
     async with session.post(
         f"{base}/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
@@ -141,13 +148,17 @@ async def stream_ttft(
         if resp.status != 200:
             raise await _error(resp, "POST /v1/chat/completions")
         async for payload in sse_data(resp.content):
-            if ttft is None:
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    raise BenchError(f"bad SSE data from {base}: {payload[:200]!r}") from None
-                if isinstance(chunk, dict) and chunk.get("error"):
-                    raise BenchError(f"stream error from {base}: {str(chunk['error'])[:300]}")
-                if _has_content(chunk):
-                    ttft = time.perf_counter() - sent
-    return Stream(ttft=ttft, sent=sent, done=time.perf_counter())
+            arrived = time.perf_counter()  # before parsing, so the gaps do not include it
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                raise BenchError(f"bad SSE data from {base}: {payload[:200]!r}") from None
+            if isinstance(chunk, dict) and chunk.get("error"):
+                raise BenchError(f"stream error from {base}: {str(chunk['error'])[:300]}")
+            if _has_content(chunk):
+                deltas.append(arrived)
+            usage = chunk.get("usage") if isinstance(chunk, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                tokens = usage["completion_tokens"]
+    return Stream(ttft=deltas[0] - sent if deltas else None, sent=sent, done=time.perf_counter(),
+                  deltas=tuple(deltas), completion_tokens=tokens)

@@ -34,6 +34,26 @@ def _grid(res: Results, cell: Callable[[str, int], float | None],
     return {t.name: [cell(t.name, c) for c in cs] for t in (res.targets if targets is None else targets)}
 
 
+_GAPS = (("p50", "p50"), ("p99", "p99"), ("max", "max"), ("worst_stream_p99", "worst stream's p99"))
+
+
+def _smoothness(res: Results, servers: list) -> list[str]:
+    """Inter-delta gaps of the same chat streams, in ms: pooled p50, p99 and max, the worst
+    stream's p99, and tokens per delta (a gap spans that many tokens on average)."""
+    cs = res.settings.concurrencies
+    rows: list[tuple[str, list[str]]] = []
+    for t in servers:
+        cells = [res.smoothness_cell(t.name, c) for c in cs]
+        for key, label in _GAPS:
+            rows.append((f"{t.name} {label}",
+                         ["-" if m is None else f"{getattr(m, key) * 1e3:.0f}" for m in cells]))
+        rows.append((f"{t.name} tokens per delta",
+                     [_fmt(res.tokens_per_delta(t.name, c), ".2f") for c in cs]))
+    out = ["Chat streams, smoothness: gaps between consecutive content deltas (ms), pooled over "
+           "the measured streams; the worst stream's p99 is the largest of each stream's own p99", ""]
+    return out + _table("target", cs, rows) + [""]
+
+
 def markdown(res: Results) -> str:
     s = res.settings
     cs = s.concurrencies
@@ -66,13 +86,16 @@ def markdown(res: Results) -> str:
         out.append("")
         out += _table("target", cs, [(n, [_fmt(v, ".3f") for v in vals]) for n, vals in grid.items()])
         out.append("")
+        out += _smoothness(res, servers)
     if res.error:
         out.append(f"Stopped early: {res.error}")
         out.append("")
     return "\n".join(out)
 
 
-def write_json(res: Results, path: str | Path) -> None:
+def write_json(res: Results, path: str | Path, extra: dict | None = None) -> None:
+    """The results, the machine, and ``extra`` (the servers the run started, say)."""
     from tools.bench import machine
 
-    Path(path).write_text(json.dumps({"machine": machine.describe(), **res.to_json()}, indent=2) + "\n")
+    doc = {"machine": machine.describe(), **res.to_json(), **(extra or {})}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import aiohttp
 
-from tools.bench import bare, client, method, prompts
+from tools.bench import bare, client, method, prompts, smoothness
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ class TtftRound:
     warmup: bool
     ttft_s: list[float | None]
     wall_s: float
+    gaps_s: list[list[float]] = field(default_factory=list)  # per stream: seconds between its deltas
+    deltas: list[int] = field(default_factory=list)  # per stream: content deltas received
+    completion_tokens: list[int | None] = field(default_factory=list)  # per stream: usage, if sent
 
 
 @dataclass
@@ -115,6 +118,24 @@ class Results:
              for t in r.ttft_s if t is not None]
         )
 
+    def smoothness_cell(self, target: str, concurrency: int) -> smoothness.Smoothness | None:
+        """Inter-delta gaps pooled over every stream of the measured rounds, with the worst
+        stream's p99 beside them."""
+        return smoothness.summarize(
+            [g for r in self.ttft_rounds
+             if r.target == target and r.concurrency == concurrency and not r.warmup
+             for g in r.gaps_s]
+        )
+
+    def tokens_per_delta(self, target: str, concurrency: int) -> float | None:
+        """usage.completion_tokens over content deltas, over the measured streams that reported
+        usage: 1.0 when every delta is one token, more when a server sends tokens in lumps
+        (then a gap spans several tokens)."""
+        pairs = [(t, d) for r in self.ttft_rounds
+                 if r.target == target and r.concurrency == concurrency and not r.warmup
+                 for t, d in zip(r.completion_tokens, r.deltas) if t is not None and d > 0]
+        return sum(t for t, _ in pairs) / sum(d for _, d in pairs) if pairs else None
+
     def to_json(self) -> dict[str, Any]:
         names = [t.name for t in self.targets]
         cs = self.settings.concurrencies
@@ -125,10 +146,16 @@ class Results:
             "round_ratios": {f"{a}/{b}": {str(c): self.round_ratios(a, b, c) for c in cs}
                              for a, b in self.ratio_pairs()},
             "ttft_s": {n: {str(c): self.ttft_cell(n, c) for c in cs} for n in names},
+            "smoothness_s": {n: {str(c): _as_json(self.smoothness_cell(n, c)) for c in cs} for n in names},
+            "tokens_per_delta": {n: {str(c): self.tokens_per_delta(n, c) for c in cs} for n in names},
             "throughput_rounds": [asdict(r) for r in self.throughput_rounds],
             "ttft_rounds": [asdict(r) for r in self.ttft_rounds],
             "error": self.error,
         }
+
+
+def _as_json(cell: smoothness.Smoothness | None) -> dict | None:
+    return None if cell is None else cell.to_json()
 
 
 async def _all(coros) -> list:
@@ -189,7 +216,7 @@ async def bare_throughput_round(
 async def ttft_round(
     session: aiohttp.ClientSession, target: Target, step: method.Step, s: Settings
 ) -> TtftRound:
-    """N concurrent chat streams, each timed to its first content delta."""
+    """N concurrent chat streams, each timed to its first content delta and to every delta after."""
     texts = prompts.user_texts(step.concurrency, _tag("s", step, s.fresh_prompts))
     sampling = s.sampling
     start = time.perf_counter()
@@ -202,6 +229,9 @@ async def ttft_round(
         target=target.name, concurrency=step.concurrency, round=step.round,
         warmup=step.warmup, ttft_s=[d.ttft for d in done],
         wall_s=max(d.done for d in done) - start,
+        gaps_s=[smoothness.gaps(d.deltas) for d in done],
+        deltas=[len(d.deltas) for d in done],
+        completion_tokens=[d.completion_tokens for d in done],
     )
 
 
@@ -284,4 +314,8 @@ def _describe(phase: str, rec: ThroughputRound | TtftRound) -> str:
                 f"{rec.tok_s:.1f} tok/s{extra}")
     got = [t for t in rec.ttft_s if t is not None]
     med = method.median(got)
-    return f"{head} median ttft {med:.3f} s" if med is not None else f"{head} no content"
+    if med is None:
+        return f"{head} no content"
+    gaps = smoothness.summarize(rec.gaps_s)
+    extra = f", gaps p50 {gaps.p50 * 1e3:.0f} ms max {gaps.max * 1e3:.0f} ms" if gaps else ""
+    return f"{head} median ttft {med:.3f} s{extra}"
