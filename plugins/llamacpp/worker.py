@@ -33,22 +33,35 @@ class WorkerSpec:
     image_rows: int = 0         # embedding rows an image fills (the daemon's layout)
 
 
-def layout(n_lanes: int, max_context: int, shared_pool: bool, bytes_per_cell: int,
-           free_bytes: int, fraction: float, pool_cells: int = 0) -> tuple[int, int, bool]:
-    """(n_seq_max, n_ctx, kv_unified) for a context.
+# Window layers hold every cell (llama_context_default_params' default, kept on purpose): with it off
+# they would hold only window × sequences + n_ubatch cells, shared by every sequence, so a finished
+# conversation's window would be overwritten as soon as others run, and its prefix could no longer
+# seed a lane (LlamaCppRunner.keep_prefix). kvpool.shape sizes either case.
+SWA_FULL = True
 
-    Plain attention gets a KV buffer of max-context cells per sequence, lanes + 2 sequences
-    (4..256), so a step attends only over its own sequence. Sliding-window and recurrent models
-    (and any model with ``shared_pool`` forced, --kv-unified) share one pool: ``pool_cells`` if
-    given, else lanes × max-context cells capped at ``fraction`` of free memory; never fewer
-    than max-context, so one lane always fits."""
-    n_seq = min(max(n_lanes + 2, 4), 256)
-    if not shared_pool:
-        return n_seq, n_seq * max_context, False
-    cells = pool_cells or n_lanes * max_context
-    if bytes_per_cell > 0 and not pool_cells:
-        cells = min(cells, int(free_bytes * fraction) // bytes_per_cell)
-    return n_seq, max(cells, max_context), True
+
+def size_pool(model, spec: WorkerSpec, n_gpu_layers: int, buffers: dict[str, float]):
+    """(layout, KV shape, v_trans) for a loaded model: the layout is kvpool.layout's decision,
+    bytes per cell from the model's declared key and value lengths, the cap from the memory the
+    weights leave free where they sit (after loading)."""
+    import llama_cpp
+
+    from superfluid.plugins.kvpool.layout import decide, sequences
+
+    from .device_memory import ggml_devices, weights_free
+    from .kv_shape import model_kv_shape
+
+    shape = model_kv_shape(model)
+    shared = bool(llama_cpp.llama_model_n_swa(model) > 0 or llama_cpp.llama_model_is_recurrent(model)
+                  or llama_cpp.llama_model_is_hybrid(model))
+    v_trans = spec.flash_attn != 1  # without flash attention V is stored transposed (padded to the widest)
+    memory = weights_free(n_gpu_layers, int(buffers.get("CPU_Mapped", 0.0) * 2**20), ggml_devices())
+    n_seq = sequences(spec.max_lanes)
+    pool = decide(spec.max_lanes, spec.max_context, shared or spec.kv_unified, shape.bytes_per_cell(v_trans),
+                  memory, spec.shared_pool_fraction, spec.pool_cells,
+                  cells_within=lambda budget: shape.cells_within(budget, n_seq, swa_full=SWA_FULL,
+                                                                 n_ubatch=spec.n_ubatch, v_trans=v_trans))
+    return pool, shape, v_trans
 
 
 def abort_on_flag(cparams, stop_flag: StopFlag) -> None:
@@ -72,9 +85,9 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     """Worker entry point (spawned); the protocol is core.worker_process's."""
     import llama_cpp
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
-    import psutil
 
     from .extra_buffers import model_params, weight_buffers
+    from .kv_log import kv_allocated, kv_caches
     from .hidden import model_pooling
     from .runner import LlamaCppRunner
     from .warmup import WarmupFailed, warm_up
@@ -101,19 +114,14 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot load model {spec.path}"))
         return
 
-    shared = bool(llama_cpp.llama_model_n_swa(model) > 0 or llama_cpp.llama_model_is_recurrent(model)
-                  or llama_cpp.llama_model_is_hybrid(model))
-    n_layer = llama_cpp.llama_model_n_layer(model)
-    n_head = max(llama_cpp.llama_model_n_head(model), 1)
-    head_dim = llama_cpp.llama_model_n_embd(model) // n_head
-    bytes_per_cell = 2 * n_layer * llama_cpp.llama_model_n_head_kv(model) * head_dim * 2  # K+V, f16
     n_swa = llama_cpp.llama_model_n_swa(model)
     recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
-    n_seq, n_ctx, unified = layout(spec.max_lanes, spec.max_context, shared or spec.kv_unified, bytes_per_cell,
-                                   psutil.virtual_memory().available, spec.shared_pool_fraction, spec.pool_cells)
+    pool, shape, v_trans = size_pool(model, spec, mparams.n_gpu_layers, buffers)
+    n_seq, unified = pool.n_seq, pool.unified
 
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = n_ctx
+    cparams.n_ctx = pool.n_ctx
+    cparams.swa_full = SWA_FULL
     cparams.n_batch = spec.n_batch
     cparams.n_ubatch = spec.n_ubatch
     cparams.n_seq_max = n_seq
@@ -126,11 +134,14 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     # pooled by the runner (hidden.py), so the context needs none and generation is unaffected
     cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
     abort_on_flag(cparams, stop_flag)
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    caches: list = []
+    with kv_caches(caches):
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
-        conn.send(("error", f"cannot create a context of {n_ctx} cells for {spec.path}"))
+        conn.send(("error", f"cannot create a context of {pool.n_ctx} cells for {spec.path}"))
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
+    kv_bytes, logged, computed = kv_allocated(shape, pool, n_ctx_real, caches, spec.n_ubatch, v_trans, SWA_FULL)
     try:
         warm_up(ctx, llama_cpp.llama_model_get_vocab(model), spec.extra_buffers)
     except WarmupFailed as exc:
@@ -151,9 +162,12 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
             return
         runner.take_images(encoder)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
-                         "kv_unified": unified, "shared_pool": shared, "n_swa": n_swa,
-                         "bytes_per_cell": bytes_per_cell, "native_rounds": runner.rounds is not None,
-                         "weight_buffers": buffers}))
+                         "kv_unified": unified, "shared_pool": bool(n_swa > 0 or recurrent), "n_swa": n_swa,
+                         "bytes_per_cell": pool.bytes_per_cell, "kv_bytes": kv_bytes, "kv_bytes_logged": logged, "kv_bytes_computed": computed,
+                         "kv_pool": {**pool.describe(n_ctx_real, kv_bytes), "shape": shape.describe(),
+                                     "llama_caches": [c.describe() for c in caches]},
+                         "kv_line": pool.line(n_ctx_real, kv_bytes),
+                         "native_rounds": runner.rounds is not None, "weight_buffers": buffers}))
     try:
         serve_ticks(conn, runner)
     finally:

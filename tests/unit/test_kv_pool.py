@@ -100,7 +100,12 @@ def test_refused_plan_with_one_lane_left_never_preempts_it(make):
 # ---- the pool's layout and options ------------------------------------------------------------------
 
 def test_llamacpp_layout_with_a_forced_and_capped_pool():
-    from superfluid.plugins.llamacpp.worker import layout
+    from superfluid.plugins.kvpool.layout import FreeMemory, decide
+
+    def layout(lanes, ctx, shared, per_cell, free, fraction, pool_cells=0):
+        d = decide(lanes, ctx, shared, per_cell, FreeMemory(free), fraction, pool_cells)
+        return d.n_seq, d.n_ctx, d.unified
+
     gib = 1 << 30
     assert layout(4, 2048, False, 1000, gib, 0.6) == (6, 6 * 2048, False)            # a buffer per lane
     assert layout(4, 2048, True, 1000, 64 * gib, 0.6) == (6, 4 * 2048, True)         # one pool, lanes × ctx
