@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from superfluid.core import qos as qos_classes
 
+from .kv_pool_metrics import KVPoolGauges
 from .model_server_metrics import ModelServerGauges
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0)
@@ -114,6 +115,9 @@ class Metrics:
         # time for Kubernetes' inference gateway: model_server_metrics.py
         self.model_server = ModelServerGauges()
         r.register(self.model_server)
+        # the KV pool's size and layout, from each engine's report at scrape time: kv_pool_metrics.py
+        self.kv_pool = KVPoolGauges()
+        r.register(self.kv_pool)
         self._children: dict[tuple, object] = {}
         self._values: dict[tuple, float] = {}  # the value each gauge series was last set to
 
@@ -148,6 +152,7 @@ class Metrics:
     def serve_models(self, models, cell_block: int | None = None) -> None:
         """Report the model-server gauges for the models ``models()`` returns (the daemon's)."""
         self.model_server.serve(models, cell_block)
+        self.kv_pool.serve(models)
 
     def tick_done(self, model: str, stats) -> None:
         self.model_server.tick_done(model, stats)
