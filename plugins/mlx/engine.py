@@ -28,6 +28,12 @@ def _capabilities(**kw) -> EngineCapabilities:
     return EngineCapabilities(**{k: v for k, v in kw.items() if k in names})
 
 
+def _evolved(caps: EngineCapabilities, **kw) -> EngineCapabilities:
+    """``caps`` with the fields this core has of ``kw`` changed (an older core lacks the newer)."""
+    names = {f.name for f in attrs.fields(EngineCapabilities)}
+    return attrs.evolve(caps, **{k: v for k, v in kw.items() if k in names})
+
+
 class MlxEngine(WorkerEngine):
     engine_name = "mlx"
 
@@ -48,6 +54,10 @@ class MlxEngine(WorkerEngine):
         if self.vision:  # the language half's context and width sit in its text_config
             vocab.info = attrs.evolve(vocab.info, **vision.text_facts(self.path))
         self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
+        self.pool_cells = int(CORE_OPTIONS.of(model).kv_pool_cells or 0)  # a shared pool's (pool.py)
+        if self.pool_cells and self.pool_cells < self.max_context:
+            raise ConfigError(f"model {model.name!r}: kv-pool-cells {self.pool_cells} is below max-context "
+                              f"{self.max_context} (one lane must fit)")
         self.capabilities = _capabilities(
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
@@ -80,7 +90,11 @@ class MlxEngine(WorkerEngine):
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes, max_context=self.max_context,
-                                 eog=frozenset(self.vocab.eog), vision=self.vision)
+                                 eog=frozenset(self.vocab.eog), vision=self.vision, pool_cells=self.pool_cells)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-mlx-{self.info.name}")
-        log.info("model %s: MLX worker pid %s ready (mlx %s on %s, %s KV cells)", self.info.name,
-                 info["pid"], info["mlx"], info["device"], info["n_ctx"])
+        # the slots beyond the lanes keep recently finished prefixes; a shared pool's cached
+        # prefixes take cells the lanes could use (core.engine.EngineCapabilities says how each is used)
+        self.capabilities = _evolved(self.capabilities, spare_slots=max(0, info["n_seq_max"] - self.max_lanes),
+                                     shared_pool=bool(info["kv_unified"]))
+        log.info("model %s: MLX worker pid %s ready (mlx %s on %s; %s)", self.info.name,
+                 info["pid"], info["mlx"], info["device"], info["kv_line"])

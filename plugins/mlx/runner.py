@@ -5,7 +5,7 @@ step is
 
 * one batched forward pass over every lane that feeds a single token (decoding lanes, and
   lanes replaying their generation after a restart), each row reading and extending its own
-  slot's caches through :class:`LaneBatchView` (left-padded to the longest, masked), then
+  slot's caches through :class:`~.batch_view.LaneBatchView` (left-padded to the longest, masked), then
 * prefill chunks (up to 2048 tokens a step, the plan's ``step_tokens`` if smaller), one
   forward pass per prefilling lane on its own caches,
 
@@ -27,6 +27,10 @@ the placeholders. Text and image rows go in one pass; a feed of tokens only is r
 Parking copies a slot's keys and values to numpy arrays (host memory); restoring builds fresh
 caches from them. A copy from another slot slices that slot's arrays up to the kept length.
 
+The pool is sized in pool.py (the worker): with a shared pool (a sliding-window model) a step that
+would take the slots past its cells is refused before anything is fed (``PoolFull``), as
+llama.cpp's full pool refuses it, and the scheduler frees room.
+
 The tick itself (prelude, seeding, stop and quiet rules, result) is core's
 :class:`~superfluid.core.tick_runner.TickRunner`; this module holds MLX's primitives.
 """
@@ -45,57 +49,21 @@ from superfluid.core.logits import token_logprob
 from superfluid.core.media import EncoderCache
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
-from superfluid.core.tick_runner import Work, prefill_shares, takes_one, write_atomically
+from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
 
+from .batch_view import batch_views
 from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
 from .sampling import LaneSampler
-
-
-class LaneBatchView:
-    """One layer's cache for a batched single-token step over several slots.
-
-    mlx-lm's attention asks the cache for ``offset`` (RoPE positions, one per row here), calls
-    ``update_and_fetch`` with the step's keys and values, and layer 0's cache for the mask.
-    Each row is appended to its own slot's ``KVCache``; the rows' keys and values are then
-    left-padded to the longest and stacked, and the mask hides the padding."""
-
-    def __init__(self, caches: list[KVCache], pads: list[int], mask: mx.array):
-        self.caches = caches
-        self.pads = pads
-        self.offset = mx.array([c.offset for c in caches])
-        self.mask = mask
-
-    def update_and_fetch(self, keys, values):
-        ks, vs = [], []
-        for i, cache in enumerate(self.caches):
-            k, v = cache.update_and_fetch(keys[i:i + 1], values[i:i + 1])
-            pad = self.pads[i]
-            if pad:
-                k = mx.pad(k, [(0, 0), (0, 0), (pad, 0), (0, 0)])
-                v = mx.pad(v, [(0, 0), (0, 0), (pad, 0), (0, 0)])
-            ks.append(k)
-            vs.append(v)
-        return mx.concatenate(ks, axis=0), mx.concatenate(vs, axis=0)
-
-    def make_mask(self, n: int, return_array: bool = False, window_size=None):
-        return self.mask
-
-
-def _batch_views(slot_caches: list[list[KVCache]]) -> list[LaneBatchView]:
-    lengths = [caches[0].offset + 1 for caches in slot_caches]
-    longest = max(lengths)
-    pads = [longest - n for n in lengths]
-    mask = (mx.arange(longest)[None, :] >= mx.array(pads)[:, None]).reshape(len(pads), 1, 1, longest)
-    n_layers = len(slot_caches[0])
-    return [LaneBatchView([caches[layer] for caches in slot_caches], pads, mask) for layer in range(n_layers)]
 
 
 class MlxRunner(tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
-                 constrainer: Constrainer | None = None, encoder=None):
+                 constrainer: Constrainer | None = None, encoder=None, shared_pool: bool = False):
         super().__init__(stop_flag, kv_capacity)
+        # a shared pool (pool.py): the slots together hold at most kv_capacity cells
+        self.shared_pool = shared_pool
         if encoder is not None:  # a vision model: an image to its embedding rows (vision.Encoder)
             self.media = EncoderCache(encoder)
         self._row_dtype = None  # image rows enter the model in the token embeddings' dtype
@@ -315,6 +283,10 @@ class MlxRunner(tick_runner.TickRunner):
         t0 = time.perf_counter()
         singles = [w for w in active if takes_one(w)]
         shares = prefill_shares(active, plan, self.step_tokens)
+        if self.shared_pool:  # the pool's bound, kept as llama.cpp's full pool keeps it: nothing fed
+            wanted = len(singles) + sum(count for _, count in shares)
+            if self.kv_used() + wanted > self.kv_capacity:
+                raise PoolFull(wanted)
 
         pending: list[_Fed] = []
         if singles:
@@ -327,7 +299,7 @@ class MlxRunner(tick_runner.TickRunner):
             if len(singles) == 1:
                 cache = self._slot(singles[0].slot)
             else:
-                cache = _batch_views([self._slot(w.slot) for w in singles])
+                cache = batch_views([self._slot(w.slot) for w in singles])
             if any(w.embed for w in singles):
                 h = self._hidden(tokens, cache, emb)
                 logits = self._head(h)[:, -1, :]

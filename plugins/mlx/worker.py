@@ -25,13 +25,8 @@ class WorkerSpec:
     eog: frozenset
     step_tokens: int = PREFILL_STEP
     vision: bool = False  # a SmolVLM directory: the vision half loads through mlx-vlm (vision.py)
-
-
-def kv_cells(max_lanes: int, max_context: int) -> int:
-    """The pool the scheduler's pressure watermarks see: max-context cells per lane (a full
-    batch of full lanes is 100 %). MLX allocates each slot's cache as it grows (256 cells at a
-    time), so this is a budget."""
-    return max_lanes * max_context
+    pool_cells: int = 0   # a shared pool's cells (--kv-pool-cells; 0: lanes × context, capped)
+    shared_pool_fraction: float = 0.6
 
 
 def logit_rows(model) -> int | None:
@@ -44,7 +39,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     try:
         import mlx.core as mx
 
-        from . import loader
+        from . import loader, pool
         from superfluid.plugins.vocab.constraints import VocabConstrainer
         from .runner import MlxRunner
 
@@ -59,14 +54,20 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("progress", 90))
         # Built once here, so a constrained lane's first tick does not pay for it.
         constrainer = VocabConstrainer(spec.path, logit_rows(model), spec.eog)
+        shape = pool.model_shape(model, pool.cache_type(model))
+        layout = pool.layout(shape, spec.max_lanes, spec.max_context, pool.device_free(),
+                             pool_cells=spec.pool_cells, fraction=spec.shared_pool_fraction)
         conn.send(("progress", 100))
     except Exception as exc:  # noqa: BLE001  reported to the daemon, which fails the model
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
-    capacity = kv_cells(spec.max_lanes, spec.max_context)
-    runner = MlxRunner(model, set(spec.eog), stop_flag, capacity, spec.step_tokens, constrainer=constrainer,
-                       encoder=encoder)
-    info = {"pid": os.getpid(), "n_ctx": capacity, "device": str(mx.default_device()), "mlx": mx.__version__}
+    runner = MlxRunner(model, set(spec.eog), stop_flag, layout.n_ctx, spec.step_tokens, constrainer=constrainer,
+                       encoder=encoder, shared_pool=layout.unified)
+    info = {"pid": os.getpid(), "n_ctx": layout.n_ctx, "n_seq_max": layout.n_seq, "kv_unified": layout.unified,
+            "bytes_per_cell": layout.bytes_per_cell, "kv_bytes": layout.n_ctx * layout.bytes_per_cell,
+            "kv_pool": {**layout.describe(), "shape": shape.describe(), "allocated": "as slots grow"},
+            "kv_line": layout.line() + ", allocated as slots grow",
+            "device": str(mx.default_device()), "mlx": mx.__version__}
     if encoder is not None:
         from importlib.metadata import version
 
