@@ -101,10 +101,14 @@ class LlamaCppEngine(WorkerEngine):
                 if again.signal is None:
                     raise
                 raise self._safe_settings_died(again) from None
-        log.info("model %s: worker pid %s ready (%s cells, %s sequences, %s KV; weights in %s)",
-                 self.info.name, info["pid"], info["n_ctx"], info["n_seq_max"],
-                 "shared pool" if info["kv_unified"] else "per-sequence buffers",
+        log.info("model %s: worker pid %s ready (%s; weights in %s)", self.info.name, info["pid"],
+                 info.get("kv_line") or f"{info['n_ctx']} cells, {info['n_seq_max']} sequences",
                  ", ".join(f"{k} {v:g} MiB" for k, v in info.get("weight_buffers", {}).items()) or "?")
+        if info.get("kv_bytes_logged") and info.get("kv_bytes_computed") != info.get("kv_bytes"):
+            log.warning("model %s: llama.cpp allocated %.2f MiB of KV, where the model's declared shape gives "
+                        "%.2f MiB; the pool is reported at llama.cpp's figure (an architecture plugins/kvpool "
+                        "does not model)", self.info.name, info["kv_bytes_logged"] / 2**20,
+                        info["kv_bytes_computed"] / 2**20)
 
     def restart(self, progress: Callable[[str], None] | None = None) -> None:
         """After a crash: a worker that a signal (not a kill) ended while the extra buffer types
