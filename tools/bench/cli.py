@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+import tempfile
+import threading
+from pathlib import Path
 
-from tools.bench import bare, machine, method, report
+from tools.bench import bare, launch, machine, method, report
 from tools.bench.runner import Settings, Target, run
 
 
@@ -20,7 +24,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a server to measure; repeat to compare (the first is the ratio's "
                         "numerator); rounds interleave across targets. NAME=llamacpp:MODEL.gguf "
                         "is the bare llama.cpp loop with no server, the ceiling for servers "
-                        "on the same build (throughput only, greedy only)")
+                        "on the same build (throughput only, greedy only). NAME=KIND:MODEL.gguf "
+                        f"starts that server for the run and stops it after; KIND is one of "
+                        f"{', '.join(launch.KINDS)}")
     p.add_argument("--concurrency", default="1,2,4,8", metavar="N,N,...",
                    help="concurrent requests per round (default 1,2,4,8)")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds; the median is reported (default 3)")
@@ -47,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bare-extra-buffers", choices=("auto", "on", "off"), default="auto",
                    help="llama.cpp's extra buffer types (AMX, CPU repacking) in a llamacpp: target, "
                         "decided as the server's --llama-extra-buffers (default auto)")
+    p.add_argument("--lanes", type=int, default=8, metavar="L",
+                   help="lanes of a server started by a KIND:MODEL target (default 8)")
+    p.add_argument("--context", type=int, default=4096, metavar="C",
+                   help="context per lane of a server started by a KIND:MODEL target (default 4096)")
+    p.add_argument("--logs", metavar="DIR", help="logs of the servers started by KIND:MODEL targets "
+                   "(default: a new temporary folder, printed)")
     p.add_argument("--json", metavar="PATH", help="write all rounds and medians as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     return p
@@ -86,12 +98,40 @@ def main(argv: list[str] | None = None) -> int:
         bare_threads=args.bare_threads, bare_context=args.bare_context,
         bare_extra_buffers=args.bare_extra_buffers,
     )
-    targets = [Target(n, u, args.model) for n, u in pairs]
+    if args.lanes < 1 or args.context < 1:
+        print("error: --lanes and --context must be >= 1", file=sys.stderr)
+        return 2
     progress = (lambda _line: None) if args.quiet else None
-    results = asyncio.run(run(targets, settings, progress) if progress else run(targets, settings))
+    previous = _catch_sigterm()
+    started: list[launch.Launched] = []
+    try:
+        if any(launch.parse(u) for _, u in pairs):
+            logs = Path(args.logs or tempfile.mkdtemp(prefix="bench-logs-"))
+            started = launch.start_all(pairs, args.lanes, args.context, logs,
+                                       **({"progress": progress} if progress else {}))
+        by_name = {s.name: s for s in started}
+        targets = [Target(n, by_name[n].base, launch.MODEL_NAME) if n in by_name else Target(n, u, args.model)
+                   for n, u in pairs]
+        results = asyncio.run(run(targets, settings, progress) if progress else run(targets, settings))
+    finally:
+        launch.stop_all(started)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(machine.line())
     print()
     print(report.markdown(results))
     if args.json:
-        report.write_json(results, args.json)
+        report.write_json(results, args.json, {"launched": {s.name: s.to_json() for s in started}})
     return 1 if results.error else 0
+
+
+def _interrupt(_signo, _frame):
+    raise KeyboardInterrupt
+
+
+def _catch_sigterm():
+    """SIGTERM unwinds through main's finally, so the servers it started are stopped cleanly
+    (if the bench is SIGKILLed instead, the kernel kills them: lifeline)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)

@@ -6,7 +6,9 @@ median time to first token.
         --target llama-server=http://127.0.0.1:8081 --requests 32 --prefix-tokens 4000
 
 Prefill counts come from `superfluid_prefill_tokens_total` on superfluid and from
-`llamacpp:prompt_tokens_total` on llama-server (start it with `--metrics`). Targets run one
+`llamacpp:prompt_tokens_total` on llama-server (start it with `--metrics`). A server with no such
+counter but with `usage.prompt_tokens_details.cached_tokens` in its streams (mlx_lm.server) is
+counted from those: each request prefilled its prompt less its cached tokens. Targets run one
 after the other.
 """
 
@@ -66,8 +68,9 @@ async def one(session, base, model, prompt, timeout):
                 usage = chunk["usage"]
             if ttft is None and any(c.get("text") for c in chunk.get("choices") or []):
                 ttft = time.monotonic() - t0
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
     return {"ttft": ttft, "seconds": time.monotonic() - t0, "ok": r.status == 200,
-            "prompt_tokens": (usage or {}).get("prompt_tokens")}
+            "prompt_tokens": (usage or {}).get("prompt_tokens"), "cached_tokens": cached}
 
 
 def prompts(args) -> list[str]:
@@ -105,6 +108,8 @@ async def run_target(name, base, args, session=None):
     prompt_tokens = [r["prompt_tokens"] for r in results if r["prompt_tokens"]]
     shared = min(prompt_tokens) - 24 if prompt_tokens else None  # conservatively: what all share
     total = None if before is None or after is None else after - before
+    if total is None and results and all(r["prompt_tokens"] and r["cached_tokens"] is not None for r in results):
+        total = sum(r["prompt_tokens"] - r["cached_tokens"] for r in results)  # no counter: the usage's
     times = times_prefilled(total, prompt_tokens)
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
     out = {"target": name, "requests": len(results), "completed": sum(r["ok"] for r in results),

@@ -66,12 +66,13 @@ def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: 
                  qos: bool = True, overrides: dict | None = None, engine: str | None = None) -> Outcome:
     """One scenario against one target, on a server of its own."""
     p = dict(module.FAST if fast else module.FULL, **(overrides or {}))
-    why = module.unsupported(kind)
+    seen_as = targets.family(kind)  # superfluid on MLX runs superfluid's scenario code
+    why = module.unsupported(seen_as)
     if why:
         return Outcome(module.KEY, name, NA, why)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"suite-{module.KEY}-") as state:
-        cfg = module.config(kind, p, state)
+        cfg = module.config(seen_as, p, state)
         cfg.qos = qos
         if engine and kind == "superfluid":
             cfg.extra += ["--engine", engine]
@@ -82,7 +83,7 @@ def run_scenario(module, kind: str, name: str, fast: bool, model: str, out_dir: 
         previous = _catch_sigterm()
         try:
             server = targets.start(kind, cfg, log_path, model)
-            out = asyncio.run(_run_one(module, kind, name, p, server, out_dir))
+            out = asyncio.run(_run_one(module, seen_as, name, p, server, out_dir))
         except NotAvailable as e:
             out = Outcome(module.KEY, name, ERROR, str(e))
         except Unsupported as e:

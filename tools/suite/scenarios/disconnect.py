@@ -10,8 +10,8 @@ Pass: within 5 s of each drop the server shows the work gone — superfluid: /sl
 for it and an empty queue, and at the end every lane is free, no KV is held by a live lane
 (kv_used ≤ kv_cached), and /metrics agrees (lanes_busy 0, queue_depth 0, one more
 requests_total{finish_reason="cancelled"} per dropped request); llama-server: /slots shows no slot
-processing and /metrics no deferred request; llama-cpp-python (no such view): a short probe request
-sent after the drop completes within 5 s."""
+processing and /metrics no deferred request; llama-cpp-python and mlx_lm.server (no such view): a
+short probe request sent after the drop completes within 5 s."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 from tools.bench.agents_chat import agent_prompt
 
 from ..common import Outcome, call, metric_sum, metrics, rnd, stream, verdict
-from ..targets import MODEL_NAME, ServeConfig
+from ..targets import MODEL_NAME, NO_IGNORE_EOS, NO_LANE_VIEW, ServeConfig
 
 KEY, TITLE = "disconnect", "client disconnect"
 FULL = {"lanes": 2, "context": 4096, "prefill_tokens": 3000, "long_tokens": 3000, "bound": 5.0}
@@ -39,7 +39,7 @@ def config(kind, p, state_dir) -> ServeConfig:
 
 def _long_body(ctx, prompt=SHORT, max_tokens=None):
     b = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens or ctx.p["long_tokens"], "temperature": 0}
-    if ctx.kind == "llama-cpp-python":
+    if ctx.kind in NO_IGNORE_EOS:
         b["logit_bias"] = {"0": -100, "1": -100, "2": -100}  # SmolLM2's end tokens: keep it going
     else:
         b["ignore_eos"] = True
@@ -135,7 +135,7 @@ async def run(ctx) -> Outcome:
     await asyncio.wait_for(asyncio.gather(*[g.wait() for _t, g in holders]), 120)
     task = asyncio.create_task(stream(ctx.http, f"{ctx.base}/v1/completions", _long_body(ctx), timeout=600))
     queued_seen = None
-    if ctx.kind != "llama-cpp-python":
+    if ctx.kind not in NO_LANE_VIEW:
         async def is_queued():
             nonlocal queued_seen
             st = await _state(ctx)
@@ -145,7 +145,7 @@ async def run(ctx) -> Outcome:
     else:
         await asyncio.sleep(0.4)
     await _drop(task)
-    if ctx.kind == "llama-cpp-python":
+    if ctx.kind in NO_LANE_VIEW:
         q_freed = None  # its probe would wait behind the holders; checked with them below
     else:
         q_freed = await _wait(ctx, p["lanes"], 0, bound)
@@ -156,7 +156,7 @@ async def run(ctx) -> Outcome:
     figures = {"states": res}
     checks = [res["decoding"]["freed_s"] is not None, res["prefilling"]["freed_s"] is not None,
               all_freed is not None]
-    if ctx.kind != "llama-cpp-python":
+    if ctx.kind not in NO_LANE_VIEW:
         checks.append(q_freed is not None)
     if sf:
         await asyncio.sleep(0.3)

@@ -34,7 +34,9 @@ def config(kind, p, state_dir) -> ServeConfig:
 def _body(kind, p, i):
     b = {"model": MODEL_NAME, "prompt": agent_prompt(100 + i, p["prompt_tokens"]),
          "max_tokens": p["max_tokens"], "temperature": 0}
-    if kind != "llama-cpp-python":
+    if kind == "mlx-lm":  # ignores ignore_eos: SmolLM2's end tokens biased away instead
+        b["logit_bias"] = {"0": -100, "1": -100, "2": -100}
+    elif kind != "llama-cpp-python":
         b["ignore_eos"] = True
     return b
 
@@ -69,7 +71,7 @@ async def run(ctx) -> Outcome:
     t0 = time.monotonic()
     results = await asyncio.gather(*[_one(ctx, p, i) for i in range(p["requests"])])
     wall = time.monotonic() - t0
-    h = await ctx.get("/health" if ctx.kind != "llama-cpp-python" else "/v1/models")
+    h = await ctx.get("/health" if ctx.kind != "llama-cpp-python" else "/v1/models")  # mlx-lm has /health
     completed = sum(r["ok"] for r in results)
     demanded = sum((r.get("prompt_tokens") or 0) + (r.get("completion_tokens") or 0) for r in results)
     figures = {"requests": p["requests"], "completed": completed, "wall_s": rnd(wall, 1),
