@@ -61,6 +61,12 @@ def test_default_model_matches_transformers(model_path, _threads):
 
 
 def _gemma3_270m() -> str | None:
+    """The Gemma 3 270M GGUF, only where ``SUPERFLUID_BASERT_GEMMA=1`` asks for these tests: the
+    KV sizing tests fetch it into the cache, and scoring it through transformers and basert in
+    fp32 takes minutes on two CPU cores (over 8 measured, on a busy machine), more than CI's
+    budget."""
+    if os.environ.get("SUPERFLUID_BASERT_GEMMA") != "1":
+        return None
     root = os.environ.get("SUPERFLUID_CACHE") or os.path.join(Path.home(), ".cache", "superfluid")
     hits = sorted(p for p in glob.glob(os.path.join(root, "**", "*.gguf"), recursive=True)
                   if "gemma-3-270m" in os.path.basename(p).lower())
@@ -70,7 +76,7 @@ def _gemma3_270m() -> str | None:
 def test_gemma3_270m_matches_transformers(_threads):
     path = _gemma3_270m()
     if path is None:
-        pytest.skip("no Gemma 3 270M GGUF under the superfluid cache")
+        pytest.skip("set SUPERFLUID_BASERT_GEMMA=1 with a Gemma 3 270M GGUF under the superfluid cache")
     _check(compare(path, steps=STEPS))
 
 
@@ -80,7 +86,7 @@ def test_gemma3_270m_past_its_window_on_paged_kv_matches_transformers(_threads):
     transformers' log-probabilities at every position."""
     path = _gemma3_270m()
     if path is None:
-        pytest.skip("no Gemma 3 270M GGUF under the superfluid cache")
+        pytest.skip("set SUPERFLUID_BASERT_GEMMA=1 with a Gemma 3 270M GGUF under the superfluid cache")
     import torch
 
     from superfluid.core.request import SamplingParams
