@@ -38,6 +38,18 @@ class EngineCapabilities:
     # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
     # so the KV manager keeps busy lanes in neighbouring slots.
     compact_slots: bool = False
+    # KV slots beyond the lanes: the engine holds slot ids 0 .. max_lanes + spare_slots - 1, and
+    # the KV manager binds a lane to any free one while never running more than max_lanes lanes.
+    # A free slot keeps its finished lane's KV as a cached prefix, so the spare slots keep the most
+    # recently finished conversations in the pool, where a returning one is seeded in place rather
+    # than loaded from host memory (llama.cpp: its two sequences beyond the lanes).
+    spare_slots: int = 0
+    # Lanes and cached prefixes draw their cells from one pool (llama.cpp's unified KV: sliding-
+    # window and recurrent models, --kv-unified), so a cached prefix takes cells a lane could use:
+    # the KV manager keeps at most one lane's context (context_length cells) of cached prefixes
+    # in it and moves the rest, oldest first, to host memory. False: each slot's KV has room of
+    # its own, and a cached prefix costs no lane anything while it waits.
+    shared_pool: bool = False
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
     tick_target_busy_cap_ms: float = 250.0

@@ -22,7 +22,7 @@ from .artifacts import Artifacts
 from .cache_events import CacheEvent, ReportingHostTier
 from .lane import Lane
 from .pool_limit import PoolLimit, PoolVerdict
-from .prefix import SlotCache, common_prefix
+from .prefix import MIN_REUSE, SlotCache, common_prefix
 from .seeding import best_seed, may_reuse, waiting_for_donors
 from .tick import OWN, Seed, TickPlan, TickResult
 
@@ -65,7 +65,9 @@ class KVManager:
         self.name = name
         self.caps = capabilities
         self.settings = settings
-        self.free = list(range(settings.max_batch - 1, -1, -1))
+        # the lanes' slots and the engine's spare ones, where the most recent cached prefixes wait
+        self.n_slots = settings.max_batch + capabilities.spare_slots
+        self.free = list(range(self.n_slots - 1, -1, -1))
         self.pins = [list(p) for p in settings.pinned_tokens]
         self.cache = SlotCache(self.pins)
         self.cache_events: list[CacheEvent] = []  # since the last tick's stats
@@ -82,7 +84,7 @@ class KVManager:
         self.limit = PoolLimit(name, settings)
         # counters since the last tick's stats
         self.evictions: dict[str, int] = {}
-        self.hits = self.hit_tokens = self.rejections = 0
+        self.hits = self.hit_tokens = self.rejections = self.host_hits = 0
 
     # ---- work for the next tick -------------------------------------------------------------
 
@@ -112,10 +114,15 @@ class KVManager:
     def begin_admission(self) -> None:
         self._copy_sources = set()
 
+    @property
+    def free_lanes(self) -> int:
+        """Lanes that may still be bound: --max-batch less the bound slots (spares never add lanes)."""
+        return max(0, self.settings.max_batch - (self.n_slots - len(self.free)))
+
     def slot_state(self) -> str:
-        """"free" when a lane can be bound now, "full" when none is free (preempt for it),
+        """"free" when a lane can be bound now, "full" when every lane runs (preempt for it),
         "later" when every free slot is a cache other lanes copy from this tick."""
-        if not self.free:
+        if not self.free_lanes:
             return "full"
         return "later" if self._copy_sources.issuperset(self.free) else "free"
 
@@ -142,14 +149,16 @@ class KVManager:
                 self._copy_sources.add(copied)
             if seed.shared:  # a host-tier prefix: just used
                 self.host.touch(seed.key)
+                self.host_hits += 1
             if reuse == 0 and seed.own:
                 # Too short to be worth a copy, but keeping it in place is free: the slot's cache
                 # is cut after the head it shares with the prompt (often a chat template's first
                 # tokens), once the whole cache has gone to host memory like any overwritten one.
                 head = min(common_prefix(self.cache.tokens(slot), lane.tokens), len(lane.tokens) - 1)
         old = self.cache.tokens(slot)
-        if old and (reuse == 0 or not seed.own):
-            self._evict_to_host(slot, old, "slot_reuse")  # this slot's cache is about to be overwritten
+        if old and (reuse == 0 or not seed.own or len(old) > reuse + MIN_REUSE):
+            # overwritten, or cut short of the turns of a conversation that branched off: to host first
+            self._evict_to_host(slot, old, "slot_reuse")
         reuse = reuse or head
         self.free.remove(slot)
         self.cache.forget(slot)
@@ -205,6 +214,8 @@ class KVManager:
             tokens = lane.tokens[:lane.n_cached]
             self.cache.store(lane.slot, tokens)
             self._held(lane.slot, tokens, len(tokens))
+            if self.caps.shared_pool:
+                self._bound_shared_cache()
         else:
             self.cache.forget(lane.slot)
             self._release.append(lane.slot)
@@ -273,6 +284,16 @@ class KVManager:
             if used / self.capacity <= self.settings.pressure_low:
                 break
             used -= self._evict(slot, "watermark")
+
+    def _bound_shared_cache(self) -> None:
+        """In a shared pool cached prefixes take cells the lanes could use: keep at most one lane's
+        context of them (--max-context cells), moving the rest to host memory, least recently
+        used first (pinned ones last), so a waiting entry costs the lanes nothing."""
+        over = self.cache.cached_tokens() - self.settings.context_length
+        for slot in self.cache.lru_slots():
+            if over <= 0:
+                break
+            over -= self._evict(slot, "cache_bound")
 
     def pool_refused(self, refused: int, lanes: list[Lane], progressed: bool) -> PoolVerdict:
         """The engine's KV pool could not hold the plan's next step (``refused`` tokens). Free at
@@ -374,8 +395,9 @@ class KVManager:
         self.cache_events.clear()  # the same list: the host tier appends to it
         return out
 
-    def take_counters(self) -> tuple[dict[str, int], int, int, int]:
-        """(evictions by reason, cache hits, hit tokens, refused plans) since the last call."""
-        out = (self.evictions, self.hits, self.hit_tokens, self.rejections)
-        self.evictions, self.hits, self.hit_tokens, self.rejections = {}, 0, 0, 0
+    def take_counters(self) -> tuple[dict[str, int], int, int, int, int]:
+        """(evictions by reason, cache hits, hit tokens, refused plans, hits seeded from host
+        memory) since the last call."""
+        out = (self.evictions, self.hits, self.hit_tokens, self.rejections, self.host_hits)
+        self.evictions, self.hits, self.hit_tokens, self.rejections, self.host_hits = {}, 0, 0, 0, 0
         return out

@@ -88,13 +88,33 @@ class SlotCache:
         heads = {}
         for slot in free_slots:
             n = heads[slot] = min(common_prefix(self._tokens.get(slot, []), prompt), limit)
-            if n > best_n:
+            # of caches sharing as much (a common system prompt), the least valuable: the slot
+            # cut for this lane, or copied from, keeps the most recent conversations whole
+            if n > best_n or (n and n == best_n and self._value(slot, busy) < self._value(best, busy)):
                 best, best_n = slot, n
         if best is not None and best_n >= MIN_REUSE:
             return best, best_n
         similar = {s: n for s, n in heads.items() if n and n >= SIMILAR_HEAD * len(prompt)}
         return min(free_slots, key=lambda s: (span(busy, s), self.pinned(s), -similar.get(s, 0),
                                               s in self._tokens, self._used.get(s, 0.0), -s)), 0
+
+    def least_valuable(self, free_slots: list[int], busy: list[int] | None = None) -> int | None:
+        """The free slot whose cache is worth least: an empty slot (the narrowest span first),
+        else the cache :meth:`best_slot` would overwrite (narrowest span, unpinned, least recently
+        used)."""
+        return min(free_slots, key=lambda s: (s in self._tokens, self._value(s, busy)), default=None)
+
+    def worth_less(self, slot: int, than: int) -> bool:
+        """Whether ``slot``'s cache is worth less than ``than``'s: empty, or unpinned and older (or
+        ``than`` pinned)."""
+        if slot not in self._tokens:
+            return True
+        if self.pinned(slot):
+            return False
+        return self.pinned(than) or self._used.get(slot, 0.0) < self._used.get(than, 0.0)
+
+    def _value(self, slot: int, busy: list[int] | None) -> tuple:
+        return (span(busy, slot), self.pinned(slot), slot in self._tokens, self._used.get(slot, 0.0), -slot)
 
 
 def span(busy: list[int] | None, slot: int) -> int:

@@ -112,7 +112,7 @@ class Scheduler:
         """Fill free lanes in policy order; with none free, let the policy preempt for a lane."""
         self.kv.begin_admission()
         self._expire(now)
-        waiting = self.kv.waiting_for_shared_prefix(self.queue, self.lanes) if self.kv.free else set()
+        waiting = self.kv.waiting_for_shared_prefix(self.queue, self.lanes) if self.kv.free_lanes else set()
         while self.queue:
             slots = self.kv.slot_state()
             if slots == "later":  # every free slot is a cache lanes copy from this tick
@@ -120,7 +120,7 @@ class Scheduler:
             candidates = [l for l in self.queue if l not in waiting]
             lane = self.hook.superfluid_pick_next(
                 queue=candidates, lanes=list(self.lanes), now=now, settings=self.settings,
-                free_lanes=len(self.kv.free), pressure=self.pressure) if candidates else None
+                free_lanes=self.kv.free_lanes, pressure=self.pressure) if candidates else None
             if lane is None:
                 return
             if slots == "full" or not self.kv.room_for(lane, self.lanes):
@@ -210,7 +210,7 @@ class Scheduler:
                 lane.refresh_state()
         finished += self._finish_cancelled()
         self._relieve(now, result, progressed=bool(prefilled or decode_tokens))
-        evictions, hits, hit_tokens, rejections = self.kv.take_counters()
+        evictions, hits, hit_tokens, rejections, host_hits = self.kv.take_counters()
         preempted, promoted, self._preempted, self._promoted = self._preempted, self._promoted, 0, 0
         kv = self.kv
         return TickStats(
@@ -222,7 +222,8 @@ class Scheduler:
             kv_capacity=kv.capacity, first_tokens=first_tokens, finished=finished,
             queue_by_class=count_by_class(self.queue), lanes_by_class=count_by_class(self.lanes),
             preempted=preempted, promoted=promoted, parked_bytes=kv.parked_bytes,
-            cache_hits=hits, cache_hit_tokens=hit_tokens, cached_tokens=kv.cache.cached_tokens(),
+            cache_hits=hits, cache_hit_tokens=hit_tokens, cache_host_hits=host_hits,
+            cached_tokens=kv.cache.cached_tokens(),
             evictions=evictions, host_entries=len(kv.host), host_bytes=kv.host.bytes,
             pressure=self.pressure, pool_rejections=rejections,
             drafted_tokens=sum(s.drafted for s in result.steps), accepted_tokens=sum(s.accepted for s in result.steps),

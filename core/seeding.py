@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .lane import Lane
-from .prefix import MIN_REUSE, common_prefix, span
+from .prefix import MIN_REUSE, common_prefix
 from .tick import OWN, Seed
 
 if TYPE_CHECKING:
@@ -41,12 +41,14 @@ def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], bus
     The longest prefix wins: a free slot's cache, a running lane's KV, the host tier."""
     seed, copied = OWN, None
     slot, reuse = cache.best_slot(lane.tokens, free, busy)
-    spare = [s for s in free if not cache.tokens(s)]
-    if reuse and spare and len(cache.tokens(slot)) > reuse + MIN_REUSE:
-        # The cache holds more than this lane shares (another conversation that branched
-        # off here): copy the shared part into an empty slot and keep the cache whole.
-        seed = Seed(slot=slot)
-        copied, slot = slot, min(spare, key=lambda s: (span(busy, s), -s))
+    if reuse and len(cache.tokens(slot)) > reuse + MIN_REUSE:
+        # The cache holds more than this lane shares (another conversation that branched off
+        # here): copy the shared part into the least valuable other free slot (an empty one
+        # first) and keep the cache whole, unless every other slot's cache is worth more.
+        target = cache.least_valuable([s for s in free if s != slot], busy)
+        if target is not None and cache.worth_less(target, slot):
+            seed = Seed(slot=slot)
+            copied, slot = slot, target
     for donor in running:  # a running lane's KV may hold more of this prompt
         source = kv_source(donor)
         if source is None:

@@ -39,6 +39,7 @@ class TickStats:
     target_s: float | None = None  # the length the plan aimed at (TickPlan.target_s)
     cache_hits: int = 0         # lanes seeded from the prefix cache (or a running lane) while planning
     cache_hit_tokens: int = 0   # prompt tokens those lanes did not have to prefill
+    cache_host_hits: int = 0    # of those lanes, the ones seeded from a prefix held in host memory
     cached_tokens: int = 0      # tokens held as cached prefixes in free slots
     evictions: dict = attrs.field(factory=dict)  # cached prefixes evicted, by reason
     host_entries: int = 0       # prefixes held in host memory
@@ -74,13 +75,14 @@ def snapshot(sched: Scheduler, now: float) -> dict:
     kv = sched.kv
     by_slot = {lane.slot: lane for lane in sched.lanes}
     slots = []
-    for slot in range(sched.settings.max_batch):
+    for slot in range(kv.n_slots):  # the lanes' slots and the engine's spare ones
         lane = by_slot.get(slot)
         if lane is None:
             slots.append({"id": slot, "state": "free", "cached_tokens": len(kv.cache.tokens(slot))})
         else:
             slots.append(_lane_view(slot, lane, now))
-    return {"model": sched.name, "slots": slots, "queued": len(sched.queue),
+    return {"model": sched.name, "slots": slots, "max_batch": sched.settings.max_batch,  # how many may be busy
+            "queued": len(sched.queue),
             "queue": [{"request_id": l.id, "qos": l.qos, "waited_s": round(now - l.queued_at, 3),
                        "parked": l.parked is not None} for l in sched.queue],
             "ticks": sched.ticks, "kv_used": kv.used, "kv_capacity": kv.capacity,

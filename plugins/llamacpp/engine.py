@@ -101,6 +101,7 @@ class LlamaCppEngine(WorkerEngine):
                 if again.signal is None:
                     raise
                 raise self._safe_settings_died(again) from None
+        self._declare_layout(info)
         log.info("model %s: worker pid %s ready (%s; weights in %s)", self.info.name, info["pid"],
                  info.get("kv_line") or f"{info['n_ctx']} cells, {info['n_seq_max']} sequences",
                  ", ".join(f"{k} {v:g} MiB" for k, v in info.get("weight_buffers", {}).items()) or "?")
@@ -109,6 +110,18 @@ class LlamaCppEngine(WorkerEngine):
                         "%.2f MiB; the pool is reported at llama.cpp's figure (an architecture plugins/kvpool "
                         "does not model)", self.info.name, info["kv_bytes_logged"] / 2**20,
                         info["kv_bytes_computed"] / 2**20)
+
+    def _declare_layout(self, info: dict) -> None:
+        """What the worker's KV layout means for the scheduler. Its sequences beyond the lanes are
+        spare slots, where finished lanes' prefixes wait (the most recent ones stay in the pool).
+        In per-sequence buffers each costs a buffer of max-context cells; in a shared pool a spare
+        sequence costs no cells (only a sliding-window model's window buffer grows with the
+        sequences), and it still lets that many more cached prefixes stay while every lane runs,
+        within the one lane's context the KV manager keeps of cached prefixes there. The KV bytes
+        allocated are reported on /health (``kv_bytes``) and in the ready line."""
+        info.setdefault("kv_bytes", info["n_ctx"] * info.get("bytes_per_cell", 0))
+        self.capabilities = attrs.evolve(self.capabilities, spare_slots=max(0, info["n_seq_max"] - self.max_lanes),
+                                         shared_pool=bool(info["kv_unified"]))
 
     def restart(self, progress: Callable[[str], None] | None = None) -> None:
         """After a crash: a worker that a signal (not a kill) ended while the extra buffer types

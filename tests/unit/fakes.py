@@ -93,14 +93,15 @@ class FakeEngine(Engine):
     def __init__(self, *, max_lanes: int = 8, context_length: int = 4096, eog: int | None = None,
                  prefix_cache: bool = False, supports_parking: bool | None = None, sampler=None,
                  kv_capacity: int | None = None, prefill_s_per_token: float = 1e-5,
-                 decode_s_per_round: float = 1e-4):
+                 decode_s_per_round: float = 1e-4, spare_slots: int = 0, shared_pool: bool = False):
         parking = prefix_cache if supports_parking is None else supports_parking
         self.capabilities = EngineCapabilities(max_lanes=max_lanes, context_length=context_length,
-                                               prefix_cache=prefix_cache, supports_parking=parking)
+                                               prefix_cache=prefix_cache, supports_parking=parking,
+                                               spare_slots=spare_slots, shared_pool=shared_pool)
         self.info = ModelInfo(name="fake", path="", n_vocab=1000, n_ctx_train=context_length)
         self.eog = eog
         self.sampler = sampler or (kv_hash if prefix_cache else follow)
-        self.kv_capacity = kv_capacity or max_lanes * context_length
+        self.kv_capacity = kv_capacity or (max_lanes + spare_slots) * context_length
         self.prefill_rate = prefill_s_per_token
         self.decode_rate = decode_s_per_round
         self.plans: list[TickPlan] = []
@@ -224,7 +225,7 @@ class FakeEngine(Engine):
             self.errors.append(f"released a live lane's slot: release {plan.release}, lanes {slots}")
         live = []
         for lp in plan.lanes:
-            if not 0 <= lp.slot < caps.max_lanes:
+            if not 0 <= lp.slot < caps.max_lanes + caps.spare_slots:
                 self.errors.append(f"slot {lp.slot} out of range")
             if lp.reset:
                 if lp.sampling is None:

@@ -180,7 +180,7 @@ class EventHub:
             "preemptions_total": self.preemptions.get(name, 0),
             "requests_total": self.requests.get(name, 0),
             "queued": slots.get("queued", 0),
-            "max_batch": len(lanes),
+            "max_batch": slots.get("max_batch", len(lanes)),  # lanes may run in any of more slots
             "ticks_total": slots.get("ticks", history[-1][0] if history else 0),
         }
 

@@ -61,6 +61,9 @@ class Metrics:
         self.cache_hit_tokens = Counter("superfluid_prefix_cache_hit_tokens",
                                         "Prompt tokens taken from cached prefixes instead of prefilled",
                                         ["model"], registry=r)
+        self.cache_host_hits = Counter("superfluid_prefix_cache_host_hits", "Lanes seeded from a prefix held "
+                                       "in host memory (of superfluid_prefix_cache_hits; the rest came from the pool)",
+                                       ["model"], registry=r)
         self.cached_tokens = Gauge("superfluid_prefix_cache_tokens", "Tokens held as cached prefixes in free slots",
                                    ["model"], registry=r)
         self.evictions = Counter("superfluid_prefix_evictions", "Cached prefixes evicted from the KV pool",
@@ -185,6 +188,8 @@ class Metrics:
         if stats.cache_hits:
             self._child(self.cache_hits, model).inc(stats.cache_hits)
             self._child(self.cache_hit_tokens, model).inc(stats.cache_hit_tokens)
+            if stats.cache_host_hits:
+                self._child(self.cache_host_hits, model).inc(stats.cache_host_hits)
         self._set(self.cached_tokens, (model,), stats.cached_tokens)
         for reason, count in stats.evictions.items():
             self._child(self.evictions, model, reason).inc(count)
