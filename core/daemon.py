@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from typing import Callable
 
 import attrs
@@ -60,6 +61,7 @@ class Daemon:
         self.hook.superfluid_add_engines(register=self.registry.add)
         self.sessions = SessionStore(CORE_OPTIONS.of(config).state_dir)
         self.sessions.recover()
+        self._seal_locks: dict[str, threading.Lock] = {}  # one seal at a time per session
 
     # ---- models ---------------------------------------------------------------------------
 
@@ -210,6 +212,23 @@ class Daemon:
                 self.sessions.parked(session, tokens)
                 saved += 1
         log.info("persisted %d sessions' KV to %s", saved, self.sessions.dir)
+
+    def seal_session(self, session) -> int:
+        """With --park and --state-dir, write a session's KV (its turn just finished, its lane's
+        KV cached) to its park artifact, the path an explicit park and the shutdown take, so a
+        daemon killed afterwards restores the session warm. The session stays open. Blocks until
+        the tick that writes it; tokens sealed (0: nothing, e.g. no --park or no state dir)."""
+        runtime = self.models.get(session.model)
+        path = self.sessions.artifact_path(session.id)
+        if (runtime is None or path is None or not CORE_OPTIONS.of(runtime.config).park
+                or not session.prompt_tokens or session.state == "closed"):
+            return 0
+        lock = self._seal_locks.setdefault(session.id, threading.Lock())
+        with lock:
+            tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
+            if tokens and session.state != "closed":
+                self.sessions.sealed(session, tokens, runtime.loop)
+        return len(tokens or [])
 
     def park_session(self, session) -> int:
         """Park a session: its KV goes to its park artifact when it can. Tokens saved."""

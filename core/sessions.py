@@ -186,13 +186,29 @@ class SessionStore:
         """The session's KV was written to its park artifact (``tokens``: what it holds)."""
         session.state = "parked"
         if tokens and self.dir is not None:
-            meta = {"tokens": tokens, "model": session.model, "turns": session.turns}
-            tmp = self._artifact_meta(session.id).with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(meta))
-            os.replace(tmp, self._artifact_meta(session.id))
-            session.artifact_tokens = list(tokens)
+            self._write_meta(session, tokens)
             session.artifact_adopted_by = None
         self._append(session, {"op": "park", "tokens": len(tokens or [])})
+
+    def sealed(self, session: Session, tokens: list[int], loop: object) -> None:
+        """A finished turn's KV was written to the park artifact (--park): the session stays open,
+        and ``loop``, whose cache still holds that KV, does not load the artifact back."""
+        if not tokens or self.dir is None:
+            return
+        self._write_meta(session, tokens)
+        session.artifact_adopted_by = loop
+
+    def _write_meta(self, session: Session, tokens: list[int]) -> None:
+        """Name the tokens the park artifact holds (after the KV file is in place: written whole,
+        synced and renamed), replaced atomically."""
+        meta = {"tokens": tokens, "model": session.model, "turns": session.turns}
+        tmp = self._artifact_meta(session.id).with_suffix(".json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._artifact_meta(session.id))
+        session.artifact_tokens = list(tokens)
 
     def resumed(self, session: Session) -> None:
         if session.state == "parked":

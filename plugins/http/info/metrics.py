@@ -12,6 +12,8 @@ from .model_server_metrics import ModelServerGauges
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 60.0)
 # what authentication and the key limits add to a request: tens of microseconds (10 µs … 10 ms), 1 ms the bound
 AUTH_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
+# a session's seal (--park): its finished turn's KV written to the state dir, queueing to the engine's answer
+SEAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # a whole request, from its handler's start to its response's end (a stream: to its last event)
 REQUEST_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -47,6 +49,10 @@ class Metrics:
                                          "finished lane)", ["model"], registry=r)
         self.tick_seconds = Histogram("superfluid_tick_seconds", "Engine tick duration", ["model"],
                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8), registry=r)
+        self.seal_seconds = Histogram("superfluid_seal_seconds", "A session's seal with --park: from queueing "
+                                      "the save of its finished turn's KV to the engine's answer (the next tick "
+                                      "copies it and writes the park artifact)", ["model"], buckets=SEAL_BUCKETS,
+                                      registry=r)
         self.preemptions = Counter("superfluid_preemptions", "Lanes preempted for a more urgent class",
                                    ["model"], registry=r)
         self.images_encoded = Counter("superfluid_images_encoded", "Images the vision encoder ran on (an image "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 
@@ -16,6 +17,7 @@ from superfluid.core.sessions import SessionConflict, SessionNotFound
 
 from ..aliases import served_name
 from ..body import read_as
+from ..info.metrics import METRICS
 from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
 from ..openai.chat_protocol import ChatMessage
 from ..prepare.qos_class import request_class
@@ -110,10 +112,34 @@ class SessionRoutes:
             self.store.record_turn(session, stored(turn.messages), reply_message(text, parsed), prompt_tokens)
 
         session.busy = True
+        turns = session.turns
         try:
             return await self.openai.generate_chat(request, full, session.model, qos=session.qos, on_finish=record)
         finally:
             session.busy = False
+            if session.turns > turns:
+                self.seal(session)
+
+    def seal(self, session) -> None:
+        """--park with --state-dir: the finished turn's KV goes to the session's park artifact in
+        the background (the next tick writes it), so a daemon killed afterwards restores it warm."""
+        if self.store.dir is None:
+            return
+        runtime = self.daemon.models.get(session.model)
+        if runtime is None or not CORE_OPTIONS.of(runtime.config).park:
+            return
+
+        def run() -> None:
+            start = time.monotonic()
+            try:
+                tokens = self.daemon.seal_session(session)
+            except Exception:  # a seal that fails leaves the previous artifact; never the turn's business
+                log.exception("session %s: sealing its KV failed", session.id)
+                return
+            if tokens:
+                METRICS.seal_seconds.labels(session.model).observe(time.monotonic() - start)
+
+        asyncio.get_running_loop().run_in_executor(None, run)
 
     def resume(self, session, runtime) -> None:
         """Ready a session for a turn on ``runtime``: its system prompt pinned, its park artifact
