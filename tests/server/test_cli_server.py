@@ -40,7 +40,8 @@ max-batch = 1
                                           temperature=0)
             assert r.model == name and r.usage.completion_tokens >= 1
         slots = srv.get_json("/slots")["models"]
-        assert len(slots["first"]["slots"]) == 2 and len(slots["second"]["slots"]) == 1
+        # each model's own lanes, plus the spare KV buffers (lanes + 2, at least 4)
+        assert [(slots[m]["max_batch"], len(slots[m]["slots"])) for m in ("first", "second")] == [(2, 4), (1, 4)]
         health = srv.get_json("/health")["models"]
         assert health["first"]["worker_pid"] != health["second"]["worker_pid"]
     finally:

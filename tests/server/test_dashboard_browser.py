@@ -109,7 +109,11 @@ RECORDER = """() => {
 
 
 def page_lanes(page) -> list[str]:
-    return page.eval_on_selector_all(f'[data-model="{MODEL}"] [data-lane]', "els => els.map(e => e.dataset.state)")
+    """The page's busy lanes' states, slot order ("free": all four slots, two lanes' KV buffers and
+    two spare ones, are free)."""
+    states = page.eval_on_selector_all(f'[data-model="{MODEL}"] [data-lane]', "els => els.map(e => e.dataset.state)")
+    busy = [s for s in states if s != "free"]
+    return busy if busy or len(states) != 4 else ["free"]
 
 
 def page_queues(page) -> dict[str, int]:
@@ -156,24 +160,25 @@ def open_dashboard(browser, url: str):
 def test_dashboard_follows_a_qos_workload(start_server, browser):
     srv = start_server("--max-batch", "2")
     page, errors = open_dashboard(browser, f"{srv.base}/dashboard?interval_ms={INTERVAL_MS}")
-    wait_until(lambda: page_lanes(page) == ["free", "free"], 15, "two free lanes on the page")
+    wait_until(lambda: page_lanes(page) == ["free"], 15, "four free slots on the page")
     assert set(page_queues(page)) >= {"interactive", "agent", "background"}
     page.evaluate(RECORDER)
     shot = artifact_dir() / "dashboard.png"
 
-    def lanes():
-        return srv.get_json("/slots")["models"][MODEL]["slots"]
+    def lanes():  # the two lanes that run (of four slots)
+        return [s for s in srv.get_json("/slots")["models"][MODEL]["slots"] if s["state"] != "free"]
 
     with cf.ThreadPoolExecutor(5) as pool:
         agents = [Completion(pool, srv, f"Write a long story about lighthouse number {i}.", 200, "agent")
                   for i in range(2)]
-        wait_until(lambda: all(s["state"] != "free" for s in lanes()), 60, "both lanes busy with agents", every=0.1)
+        wait_until(lambda: len(lanes()) == 2, 60, "both lanes busy with agents", every=0.1)
         background = [Completion(pool, srv, f"Count slowly to {i + 20}.", 200, "background") for i in range(2)]
         wait_until(lambda: slots_queues(srv).get("background") == 2, 30, "two queued background requests")
         # The page shows what /slots shows: both background requests waiting.
         matched = wait_until(lambda: queues_match(srv, page), 10, "the page's queues to match /slots")
         assert matched == {"background": 2}
-        wait_until(lambda: all(s["state"] == "decoding" and s["generated_tokens"] >= 2 for s in lanes()),
+        wait_until(lambda: len(lanes()) == 2 and all(s["state"] == "decoding" and s["generated_tokens"] >= 2
+                                                     for s in lanes()),
                    60, "both agents decoding", every=0.1)
         wait_until(lambda: page_lanes(page) == ["decoding", "decoding"], 10, "the page showing both agents decoding")
         chat = Completion(pool, srv, "Hi!", 24, "interactive")
@@ -190,16 +195,17 @@ def test_dashboard_follows_a_qos_workload(start_server, browser):
             call.hang_up()
         cf.wait([c.future for c in agents + background], timeout=30)
 
-    wait_until(lambda: page_lanes(page) == ["free", "free"], 30, "both lanes free again on the page")
+    wait_until(lambda: page_lanes(page) == ["free"], 30, "every slot free again on the page")
     preemptions = sum(v for k, v in srv.metrics().items() if k.split("{")[0] == "superfluid_preemptions_total")
     assert preemptions >= 1
     wait_until(lambda: int(page.get_attribute("#preemptions", "data-count")) == preemptions, 5,
                f"the page's preemption counter to read {preemptions}, as /metrics does")
-    seen = page.evaluate("window.__seen.states")
+    # the slots lanes ran in (two at a time, in any of the four over the run)
+    seen = {lane: states for lane, states in page.evaluate("window.__seen.states").items() if len(states) > 1}
     for lane, states in seen.items():  # free -> prefilling/decoding -> free, as the page drew it
         assert states[0] == "free" and states[-1] == "free", f"lane {lane}: {states}"
         assert {"prefilling", "decoding"} & set(states), f"lane {lane}: {states}"
-    assert len(seen) == 2
+    assert 2 <= len(seen) <= 4
     # The lane the chat took is marked with the class it took it from.
     assert ["interactive", "agent"] in [took[1:] for took in page.evaluate("window.__seen.tookFrom")]
     # The tick timeline drew the work, TTFT has the interactive class, the stream was never cut.

@@ -216,8 +216,8 @@ def _background(srv, messages, out: dict, tokens: int) -> threading.Thread:
 
 
 def _decoding(srv) -> bool:
-    slot = srv.get_json("/slots")["models"][MODEL]["slots"][0]
-    return slot.get("generated_tokens", 0) > 0
+    slots = srv.get_json("/slots")["models"][MODEL]["slots"]
+    return any(slot.get("generated_tokens", 0) > 0 for slot in slots)
 
 
 def _preempted_while_a_chat_arrives(srv, messages) -> tuple[float, dict, float, float]:

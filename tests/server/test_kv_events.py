@@ -99,7 +99,13 @@ def test_blocks_follow_the_prefix_cache(start_server, listener):
     assert stored == [["BlockStored", ref2[5:7], ref1[4], P2[80:112], BS, None, "GPU", None]]
     assert not events_of(got, "BlockRemoved")                # P1's cache is still whole
 
-    # Unrelated: it overwrites the older cache (P1's): only P1's own sixth block leaves the pool,
+    # Two unrelated prompts fill the two spare KV buffers (two lanes, four buffers): every slot
+    # now holds a cached prefix.
+    for filler in ([1000 + i for i in range(40)], [2000 + i for i in range(40)]):
+        complete(srv, filler)
+    assert not events_of(listener.batches(), "BlockRemoved")
+
+    # Unrelated: it overwrites the oldest cache (P1's): only P1's own sixth block leaves the pool,
     # the five it shares with P2's cache stay; P1 goes to the host tier, stored there whole.
     P3 = list(reversed(ids[:48]))
     complete(srv, P3)

@@ -179,7 +179,7 @@ def test_fim_rate_limit_deadline_and_infill(start_server, tiny_fim_model):
     # The third request of the burst holds the only FIM lane; the fourth finds the bucket empty.
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, srv.base, "/v1/completions", {**fim, "max_tokens": 1500, "ignore_eos": True})
-        wait_for(lambda: srv.get_json("/slots")["models"]["fim"]["slots"][0]["state"] != "free",
+        wait_for(lambda: any(s["state"] != "free" for s in srv.get_json("/slots")["models"]["fim"]["slots"]),
                  what="the FIM lane busy")
         status, body, headers = post(srv.base, "/v1/completions", fim)
         assert status == 429, body
@@ -195,7 +195,7 @@ def test_fim_deadline_fails_fast(start_server, tiny_fim_model):
     fim = {"prompt": "def add(a, b):\n    ", "suffix": "\n", "max_tokens": 2000, "ignore_eos": True}
     with cf.ThreadPoolExecutor(1) as pool:
         long = pool.submit(post, srv.base, "/v1/completions", fim)
-        wait_for(lambda: srv.get_json("/slots")["models"]["fim"]["slots"][0]["state"] != "free",
+        wait_for(lambda: any(s["state"] != "free" for s in srv.get_json("/slots")["models"]["fim"]["slots"]),
                  what="the FIM lane busy")
         t = time.monotonic()
         status, body, _ = post(srv.base, "/v1/completions", {**fim, "max_tokens": 4})
