@@ -69,7 +69,17 @@ def test_a_sealed_session_survives_sigkill_warm(start_server, tmp_path):
     assert cached(second) >= 1
     meta = wait_sealed(state, sid, 2)  # the artifact follows the latest turn
     assert len(meta["tokens"]) > second["usage"]["prompt_tokens"]  # its prompt and its reply
-    assert srv.settled_metric("superfluid_seal_seconds_count") >= 2
+    # a stored response is a session turn too: sealed the same way
+    status, first = srv.call("POST", "/v1/responses", {"model": "smollm2", "store": True,
+                                                       "input": SYSTEM + " Do you lend films?", "max_output_tokens": 12,
+                                                       "temperature": 0})
+    assert status == 200, first
+    deadline = time.monotonic() + 30
+    while not (chained := [p for p in (state / "park").glob("*.json") if p.stem != sid]):
+        assert time.monotonic() < deadline, "the stored response was not sealed"
+        time.sleep(0.05)
+    wait_sealed(state, chained[0].stem, 1)
+    assert srv.settled_metric("superfluid_seal_seconds_count") >= 3
     assert "persisted" not in srv.log()
     sigkill(srv)
 
@@ -78,6 +88,11 @@ def test_a_sealed_session_survives_sigkill_warm(start_server, tmp_path):
     assert status == 200 and shown["turns"] == 2 and shown["state"] == "parked", shown
     third = turn(srv, sid, "Thank you.")
     assert cached(third) >= second["usage"]["prompt_tokens"], third["usage"]
+    status, then = srv.call("POST", "/v1/responses", {"model": "smollm2", "previous_response_id": first["id"],
+                                                      "store": True, "input": "And music?", "max_output_tokens": 12,
+                                                      "temperature": 0})
+    assert status == 200, then
+    assert then["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"], then["usage"]
 
 
 def test_without_park_nothing_is_sealed(start_server, tmp_path):

@@ -45,6 +45,7 @@ class _Reply:
     def __init__(self):
         self.message: dict | None = None
         self.prompt_tokens: list[int] = []
+        self.session = None  # the session it was kept in (store: true)
 
 
 class ResponsesRoutes:
@@ -84,8 +85,9 @@ class ResponsesRoutes:
             def responded(response: dict) -> None:
                 if req.store and reply.message is not None:
                     prep = wire.prep
-                    self.chains.record(request, session, model=prep.runtime.name, qos=prep.request.qos, new=new,
-                                       reply=reply.message, prompt_tokens=reply.prompt_tokens, response=response)
+                    reply.session = self.chains.record(
+                        request, session, model=prep.runtime.name, qos=prep.request.qos, new=new,
+                        reply=reply.message, prompt_tokens=reply.prompt_tokens, response=response)
 
             wire = ResponsesWire(ResponseShape(req), on_response=responded)
             key = request_key(request)
@@ -99,6 +101,8 @@ class ResponsesRoutes:
             finally:
                 self.running.pop(rid, None)
                 running.done.set()
+                if reply.session is not None:  # --park: its KV sealed to the state dir
+                    self.sessions.seal(reply.session)
         finally:
             if holds:
                 session.busy = False
