@@ -118,11 +118,11 @@ class Server:
 
     def __init__(self, kind: str, cmd: list[str], log_path: Path, ready_path: str, cwd: str | None = None,
                  startup_timeout: float = 180.0, env: dict[str, str] | None = None,
-                 warm: Callable[[str], None] | None = None):
+                 warm: Callable[[str], None] | None = None, host: str = "127.0.0.1"):
         self.kind, self.cmd, self.log_path, self.ready_path, self.cwd = kind, cmd, log_path, ready_path, cwd
         self.env, self.warm = env or {}, warm  # warm(base): run once ready, before start() returns
         self.port = int(cmd[cmd.index("--port") + 1])
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{host}:{self.port}"  # host: another address where it listens in a netns
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
         self._log = None

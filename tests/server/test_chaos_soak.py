@@ -1,0 +1,29 @@
+"""The chaos suite's soak, CI variant: a minute of mixed traffic on every API against the real
+server, its resources sampled (python -m tools.chaos --scenarios soak runs the 30-minute one)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.chaos import runner  # noqa: E402
+from tools.chaos.common import PASS  # noqa: E402
+from tools.chaos.scenarios import soak  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_soak_fast_passes(model_path, tmp_path):
+    o = runner.run_scenario(soak, True, 1, tmp_path, model_path)
+    assert o.verdict == PASS, f"{o.reason}\n{json.dumps(o.figures, default=str)[:3000]}"
+    by_kind = o.figures["by_kind"]
+    assert sum(by_kind.values()) == o.figures["requests"] >= 20
+    assert len([k for k, n in by_kind.items() if n]) >= 8  # most of the APIs were exercised
+    assert o.figures["samples"] >= 5 and (tmp_path / "soak.json").exists()
