@@ -206,11 +206,17 @@ class Daemon:
             runtime = self.models.get(session.model)
             if runtime is None or not CORE_OPTIONS.of(runtime.config).park:
                 continue
-            tokens = runtime.loop.save_prefix(session.prompt_tokens,
-                                              self.sessions.artifact_path(session.id), timeout=10)
-            if tokens:
-                self.sessions.parked(session, tokens)
-                saved += 1
+            lock = self._seal_lock(session)
+            if not lock.acquire(timeout=10):  # a seal still writing it: that artifact stands
+                continue
+            try:
+                tokens = runtime.loop.save_prefix(session.prompt_tokens,
+                                                  self.sessions.artifact_path(session.id), timeout=10)
+                if tokens:
+                    self.sessions.parked(session, tokens)
+                    saved += 1
+            finally:
+                lock.release()
         log.info("persisted %d sessions' KV to %s", saved, self.sessions.dir)
 
     def seal_session(self, session) -> int:
@@ -223,23 +229,31 @@ class Daemon:
         if (runtime is None or path is None or not CORE_OPTIONS.of(runtime.config).park
                 or not session.prompt_tokens or session.state == "closed"):
             return 0
-        lock = self._seal_locks.setdefault(session.id, threading.Lock())
-        with lock:
+        with self._seal_lock(session):
             tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
-            if tokens and session.state != "closed":
+            if tokens and session.state == "closed":  # closed while it was written: not kept
+                self.sessions._drop_artifact(session)
+                return 0
+            if tokens:
                 self.sessions.sealed(session, tokens, runtime.loop)
-        return len(tokens or [])
+        return len(session.artifact_tokens or []) if tokens else 0
+
+    def _seal_lock(self, session) -> threading.Lock:
+        """One KV write per session at a time (a seal, a park, the shutdown's), so two never
+        write the same artifact in one tick nor its metadata at once."""
+        return self._seal_locks.setdefault(session.id, threading.Lock())
 
     def park_session(self, session) -> int:
         """Park a session: its KV goes to its park artifact when it can. Tokens saved."""
         runtime = self.models.get(session.model)
         tokens = None
         path = self.sessions.artifact_path(session.id)
-        if (runtime is not None and path is not None and CORE_OPTIONS.of(runtime.config).park
-                and session.prompt_tokens):
-            tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
-        self.sessions.parked(session, tokens)
-        return len(tokens or [])
+        with self._seal_lock(session):
+            if (runtime is not None and path is not None and CORE_OPTIONS.of(runtime.config).park
+                    and session.prompt_tokens):
+                tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
+            self.sessions.parked(session, tokens)
+        return len(session.artifact_tokens or []) if tokens else 0
 
     def stop_loops(self) -> None:
         for runtime in list(self.models.values()):

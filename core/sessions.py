@@ -9,6 +9,7 @@ sessions live in memory only. Nothing here knows about HTTP or engines."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,37 @@ class SessionNotFound(SuperfluidError):
     status = 404
     type = "invalid_request_error"
     code = "session_not_found"
+
+
+class StorageFull(SuperfluidError):
+    """A record the session needs could not be written to the state dir (a full disk: 507; any
+    other write error: 500). Nothing of the request was kept."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_storage"
+
+
+def _storage_error(sid: str, exc: OSError) -> StorageFull:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"session {sid}: the state dir is full ({exc.strerror}); nothing was recorded, "
+                           "retry once space is freed")
+    return StorageFull(f"session {sid}: writing the state dir failed ({exc.strerror or exc}); nothing was "
+                       "recorded", status=500, code="state_write_failed")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a power loss, not only a kill, keeps it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class SessionConflict(SuperfluidError):
@@ -125,14 +157,47 @@ class SessionStore:
 
     # ---- the log -----------------------------------------------------------------------------
 
-    def _append(self, session: Session, record: dict) -> None:
+    def _append(self, session: Session, record: dict, required: bool = True) -> bool:
+        """Append a record to the session's log, synced before this returns. A write that fails
+        (a full disk) is cut off again, so the log never holds half a record: ``required``
+        records raise :class:`StorageFull` (the caller changes nothing), the others (park,
+        resume: a restart does not need them) are skipped with a warning. Whether it was written."""
         if self.dir is None:
-            return
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        with self._lock, open(self._log_path(session.id), "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+            return True
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        path = self._log_path(session.id)
+        with self._lock:
+            fd = None
+            size = 0
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                size = os.fstat(fd).st_size
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError as exc:
+                if fd is not None:
+                    try:
+                        os.ftruncate(fd, size)  # no half record left for the next one to run into
+                    except OSError:
+                        pass
+                if size == 0 and record.get("op") == "create":
+                    try:
+                        path.unlink()
+                    except OSError:
+                        pass
+                if required:
+                    log.warning("session %s: its %s record could not be written (%s)", session.id,
+                                record.get("op"), exc.strerror or exc)
+                    raise _storage_error(session.id, exc) from None
+                log.warning("session %s: its %s record was not written (%s); nothing a restart needs",
+                            session.id, record.get("op"), exc.strerror or exc)
+                return False
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return True
 
     # ---- operations ----------------------------------------------------------------------------
 
@@ -142,10 +207,10 @@ class SessionStore:
         API key's), kept in the log so ownership survives a restart."""
         session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system,
                           pin_system=pin_system, owner=owner)
-        self.sessions[session.id] = session
         self._append(session, {"op": "create", "id": session.id, "model": model, "qos": qos,
                                "system": system, "pin_system": pin_system, "created": session.created,
                                "owner": owner})
+        self.sessions[session.id] = session  # only once its log exists: a restart knows it too
         log.info("session %s created on %s (%s)", session.id, model, qos)
         return session
 
@@ -157,38 +222,45 @@ class SessionStore:
 
     def record_turn(self, session: Session, new: list[dict], reply: dict, prompt_tokens: list[int],
                     extra: dict | None = None) -> None:
-        """Append a finished turn; ``extra``: what its front end keeps with it (:attr:`Session.extras`)."""
+        """Append a finished turn; ``extra``: what its front end keeps with it (:attr:`Session.extras`).
+        The record is on disk before the session changes: a turn that cannot be logged raises
+        :class:`StorageFull` and is not recorded at all."""
+        record = {"op": "turn", "n": session.turns + 1, "messages": new, "reply": reply}
+        if extra is not None:
+            record["extra"] = extra
+        self._append(session, record)
         session.messages.extend(new)
         session.messages.append(reply)
         session.turns += 1
         session.prompt_tokens = list(prompt_tokens)
-        record = {"op": "turn", "n": session.turns, "messages": new, "reply": reply}
         if extra is not None:
-            session.extras[session.turns] = record["extra"] = extra
-        self._append(session, record)
+            session.extras[session.turns] = extra
 
     def forget_extra(self, session: Session, n: int) -> None:
         """Drop what a front end kept with turn ``n`` (a deleted response); the turn itself stays."""
-        if session.extras.pop(n, None) is not None:
+        if n in session.extras:
             self._append(session, {"op": "forget", "n": n})
+            session.extras.pop(n, None)
 
     def drop_before(self, session: Session, index: int) -> None:
         """Leave messages before ``index`` (bar the anchor) out of later prompts; the log and
         ``messages`` keep them."""
-        session.window_start = index
         self._append(session, {"op": "window", "start": index})
+        session.window_start = index
 
     def set_qos(self, session: Session, qos: str) -> None:
-        session.qos = qos
         self._append(session, {"op": "qos", "qos": qos})
+        session.qos = qos
 
     def parked(self, session: Session, tokens: list[int] | None) -> None:
-        """The session's KV was written to its park artifact (``tokens``: what it holds)."""
+        """The session's KV was written to its park artifact (``tokens``: what it holds; None: it
+        was not, and an artifact sealed earlier stays). An artifact whose metadata cannot be
+        written is dropped; the park record is informational (a full disk skips it)."""
         session.state = "parked"
         if tokens and self.dir is not None:
-            self._write_meta(session, tokens)
-            session.artifact_adopted_by = None
-        self._append(session, {"op": "park", "tokens": len(tokens or [])})
+            if self._write_meta(session, tokens):
+                session.artifact_adopted_by = None
+        self._append(session, {"op": "park", "tokens": len(session.artifact_tokens or [])}, required=False)
 
     def sealed(self, session: Session, tokens: list[int], loop: object) -> None:
         """A finished turn's KV was written to the park artifact (--park): the session stays open,
@@ -198,26 +270,46 @@ class SessionStore:
         self._write_meta(session, tokens)
         session.artifact_adopted_by = loop
 
-    def _write_meta(self, session: Session, tokens: list[int]) -> None:
-        """Name the tokens the park artifact holds (after the KV file is in place: written whole,
-        synced and renamed), replaced atomically."""
-        meta = {"tokens": tokens, "model": session.model, "turns": session.turns}
-        tmp = self._artifact_meta(session.id).with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._artifact_meta(session.id))
+    def _write_meta(self, session: Session, tokens: list[int]) -> bool:
+        """Name the tokens the park artifact holds and its KV file's size (after the KV file is in
+        place: written whole, synced and renamed), replaced atomically. The size ties the two: a
+        kill between the KV file's rename and this leaves metadata that names another size, and
+        the pair is refused at recovery. If this cannot be written (a full disk) the artifact is
+        dropped — both files — with a warning, and the session's next turn prefills again.
+        Whether the artifact stands."""
+        final = self._artifact_meta(session.id)
+        tmp = final.with_name(f"{final.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            kv_bytes = os.stat(self.artifact_path(session.id)).st_size
+            if kv_bytes <= 0:
+                raise OSError(errno.ENODATA, "empty KV file")
+            meta = {"tokens": tokens, "model": session.model, "turns": session.turns, "kv_bytes": kv_bytes}
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        except OSError as exc:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            self._drop_artifact(session)
+            log.warning("session %s: park artifact dropped (its metadata could not be written: %s); its next "
+                        "turn prefills again", session.id, exc.strerror or exc)
+            return False
         session.artifact_tokens = list(tokens)
+        return True
 
     def resumed(self, session: Session) -> None:
         if session.state == "parked":
             session.state = "open"
-            self._append(session, {"op": "resume"})
+            self._append(session, {"op": "resume"}, required=False)
 
     def close(self, session: Session) -> None:
-        session.state = "closed"
         self._append(session, {"op": "close"})
+        session.state = "closed"
         self._drop_artifact(session)
 
     def _drop_artifact(self, session: Session) -> None:
@@ -237,7 +329,9 @@ class SessionStore:
         warning, never fatal. Returns how many sessions were recovered."""
         if self.dir is None:
             return 0
+        self._remove_leftovers()
         for path in sorted((self.dir / "sessions").glob("*.jsonl")):
+            _cut_torn_line(path)
             session = _replay(path)
             if session is None:
                 continue
@@ -246,9 +340,34 @@ class SessionStore:
                 if session.artifact_tokens:
                     session.state = "parked"
             self.sessions[session.id] = session
+        self._remove_unusable_artifacts()
         if self.sessions:
             log.info("recovered %d sessions from %s", len(self.sessions), self.dir)
         return len(self.sessions)
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of writes a kill (or a full disk) cut short: never read, only in the way."""
+        gone = 0
+        for sub in ("park", "sessions"):
+            for path in (self.dir / sub).glob("*.tmp"):
+                try:
+                    path.unlink()
+                    gone += 1
+                except OSError:
+                    pass
+        if gone:
+            log.warning("removed %d temporary files that unfinished writes left in %s", gone, self.dir)
+
+    def _remove_unusable_artifacts(self) -> None:
+        """Park artifacts no recovered session uses (closed or unknown sessions, halves of a pair,
+        refused ones): deleted, so every artifact on disk is one that loads."""
+        usable = {sid for sid, s in self.sessions.items() if s.artifact_tokens and s.state != "closed"}
+        for path in list((self.dir / "park").glob("*.kv")) + list((self.dir / "park").glob("*.json")):
+            if path.stem not in usable:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
 
     def _read_artifact(self, session: Session) -> list[int] | None:
         meta_path = self._artifact_meta(session.id)
@@ -260,13 +379,42 @@ class SessionStore:
             tokens = meta["tokens"]
             if not (isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens)):
                 raise ValueError("no token list")
-            if kv_path.stat().st_size == 0:
+            size = kv_path.stat().st_size
+            if size == 0:
                 raise ValueError("empty KV file")
+            if meta.get("kv_bytes") is not None and meta["kv_bytes"] != size:
+                raise ValueError(f"the KV file holds {size} bytes, its metadata names {meta['kv_bytes']} "
+                                 "(a write was cut short)")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("session %s: park artifact unusable (%s); its next turn prefills again",
                         session.id, exc)
             return None
         return tokens
+
+
+def _cut_torn_line(path: Path) -> None:
+    """A log whose last line has no newline (a write cut short) is cut back to its last whole
+    line, so the next record starts a line of its own instead of running into the torn one."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            back = min(size, 1 << 20)
+            f.seek(size - back)
+            tail = f.read(back)
+            keep = size - back + tail.rfind(b"\n") + 1 if b"\n" in tail else (0 if back == size else size)
+            if keep == size:
+                return
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        log.warning("session log %s: a torn last record (%d bytes) cut off", path, size - keep)
+    except OSError as exc:
+        log.warning("session log %s: could not check its last record (%s)", path, exc)
 
 
 def _replay(path: Path) -> Session | None:

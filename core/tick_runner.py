@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import os
+import secrets
 import time
 from typing import Any, BinaryIO, Callable
 
@@ -122,9 +123,11 @@ def prefill_shares(active: list[Work], plan: TickPlan, step_tokens: int) -> list
 
 
 def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> int:
-    """Write a park artifact whole or not at all: ``write`` fills ``path.tmp``, which is synced
-    and renamed to ``path``. The bytes written; 0 on failure."""
-    tmp = f"{path}.tmp"
+    """Write a park artifact whole or not at all: ``write`` fills a temporary file beside ``path``
+    (``path.<random>.tmp``), which is synced and renamed to ``path`` (the rename synced too). The
+    bytes written; 0 on failure, and then the temporary file is gone (a full disk keeps none of
+    it) and whatever was at ``path`` stays."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -133,7 +136,19 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> int:
             size = os.fstat(f.fileno()).st_size
         os.replace(tmp, path)
     except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         return 0
+    try:  # the rename itself survives a power loss, not only a kill
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
     return size
 
 
