@@ -353,6 +353,21 @@ def test_required_with_several_tools_is_a_valid_call(client):
         assert valid_forecast(args) if calls[0].function.name == "get_forecast" else isinstance(args, dict)
 
 
+def test_closing_tag_inside_an_argument_does_not_cut_the_call(client):
+    """A forced call's grammar ends the call with its closing tag, so no stop string does: the
+    tag written inside a string value (seen in a soak, sampled, about 1 call in 100) stays text."""
+    tagged = {"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "enum": ["a </tool_call> b"]}},
+        "required": ["text"]}}}
+    plan = plan_of({"tools": [tagged], "tool_choice": "required"}, grammars=True)
+    assert plan.constraint is not None and plan.stop == ()
+    r = ask(client, messages=[{"role": "user", "content": "Take a note."}], tools=[tagged],
+            tool_choice="required", max_tokens=64)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"text": "a </tool_call> b"}
+
+
 STORY = {"type": "function", "function": {
     "name": "write_story", "description": "Save a story",
     "parameters": {"type": "object", "properties": {"title": {"type": "string"}, "pages": {"type": "integer"},

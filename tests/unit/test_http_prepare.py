@@ -107,7 +107,7 @@ def test_a_forced_call_carries_its_schema_where_the_engine_can_constrain():
     assert constraint is prep.tools.constraint and constraint.tail == "}\n" + CLOSE
     assert [c.schema for c in constraint.choices] == [TOOL["function"]["parameters"]]
     assert engine.texts[-1].endswith(prep.tools.prefill) and prep.tools.prefill.endswith('"arguments":')
-    assert prep.request.stop == (CLOSE,) and prep.request.sampling.constrained
+    assert prep.request.stop == () and prep.request.sampling.constrained  # the grammar ends the call
 
     prep, engine, _ = prepare(body, grammars=False)  # forced by the pre-fill alone
     assert prep.request.sampling.json_schema is None and prep.tools.prefill.endswith('"arguments": {')

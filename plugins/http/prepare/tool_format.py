@@ -55,7 +55,11 @@ class ToolPlan:
 
     @property
     def stop(self) -> tuple[str, ...]:
-        """One call only: stop at its closing tag instead of letting the model ramble on."""
+        """One call only: stop at its closing tag instead of letting the model ramble on. Not
+        under a constraint: its grammar ends the call with the tag itself, and a stop string would
+        also match the tag written inside an argument's string value, cutting the call short."""
+        if self.constraint is not None:
+            return ()
         return (CLOSE,) if self.active and (self.choice == "function" or not self.parallel) else ()
 
 
