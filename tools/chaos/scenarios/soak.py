@@ -116,11 +116,10 @@ class Traffic:
         elif kind == "tools":
             await self.post(kind, "/v1/chat/completions",
                             {**chat, "messages": [{"role": "user", "content": f"Weather in {rng.choice(WORDS)}?"}],
-                             "tools": [TOOL], "tool_choice": "required", "max_tokens": 48},
-                            lambda b: choice_text(b) and b["choices"][0]["message"].get("tool_calls"))
+                             "tools": [TOOL], "tool_choice": "required", "max_tokens": 96}, _tool_call_ok)
         elif kind == "schema":
             await self.post(kind, "/v1/chat/completions",
-                            {**chat, "response_format": SCHEMA, "max_tokens": 48}, _schema_ok)
+                            {**chat, "response_format": SCHEMA, "max_tokens": 96}, _schema_ok)
         elif kind == "anthropic":
             await self.post(kind, "/v1/messages", {"model": MODEL_NAME, "max_tokens": n, "messages": msg},
                             lambda b: isinstance(b, dict) and b.get("type") == "message")
@@ -170,7 +169,25 @@ def _response_whole(body) -> bool:
         and (body.get("incomplete_details") or {}).get("reason") == "max_output_tokens"))
 
 
+def _finish(body) -> str | None:
+    try:
+        return body["choices"][0]["finish_reason"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _tool_call_ok(body) -> bool:
+    """A required tool call came whole, or the reply reached max_tokens first (cut by the client's
+    own limit: whole as far as the protocol goes)."""
+    if _finish(body) == "length":
+        return True
+    return _finish(body) == "tool_calls" and bool(body["choices"][0]["message"].get("tool_calls"))
+
+
 def _schema_ok(body) -> bool:
+    """The content is JSON that fits the schema, unless max_tokens cut it first."""
+    if _finish(body) == "length":
+        return True
     try:
         data = json.loads(body["choices"][0]["message"]["content"])
     except (KeyError, IndexError, TypeError, ValueError):
