@@ -2,13 +2,17 @@
 
 Linux reads PSI (``/proc/pressure/memory``) and available memory (psutil); macOS reads
 ``kern.memorystatus_vm_pressure_level``. Another plugin can add sources of its own through
-``superfluid_add_pressure_sources``; ``--no-os-pressure`` turns this one off."""
+``superfluid_add_pressure_sources``; ``--no-os-pressure`` turns this one off.
+
+Beside the host's, the memory cgroup the daemon runs in (:mod:`.cgroup`): in a container the
+kernel kills at the cgroup's limit while the host still has memory to spare."""
 
 from __future__ import annotations
 
 from superfluid.core.hookspecs import hookimpl
 
 from .options import OPTIONS
+from .cgroup import CgroupMemory
 from .sources import OsPressure
 
 
@@ -21,3 +25,4 @@ def superfluid_add_config(schema):
 def superfluid_add_pressure_sources(register, config):
     if OPTIONS.of(config).os_pressure:
         register(OsPressure())
+        register(CgroupMemory())

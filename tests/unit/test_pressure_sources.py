@@ -168,8 +168,8 @@ def test_toml_plugin_source_beside_os_pressure(pressure_plugin):
     config, pm = load(["serve", "--config", str(toml)])
     assert config["os-pressure"] is True
     sources = all_sources(pm, config)
-    assert len(sources) == 2
-    assert sorted(type(s).__name__ for s in sources) == ["FixedSource", "OsPressure"]
+    assert len(sources) == 3
+    assert sorted(type(s).__name__ for s in sources) == ["CgroupMemory", "FixedSource", "OsPressure"]
     assert [s.level() for s in sources if type(s).__module__ == name] == ["critical"]
 
 
@@ -179,7 +179,7 @@ def test_os_pressure_key_in_toml_and_flag_precedence(pressure_plugin):
     config, pm = load(["serve", "--config", str(toml)])
     assert [type(s).__name__ for s in all_sources(pm, config)] == ["FixedSource"]
     config, pm = load(["serve", "--config", str(toml), "--os-pressure"])  # the flag wins
-    assert sorted(type(s).__name__ for s in all_sources(pm, config)) == ["FixedSource", "OsPressure"]
+    assert sorted(type(s).__name__ for s in all_sources(pm, config)) == ["CgroupMemory", "FixedSource", "OsPressure"]
 
 
 def test_plugin_source_drives_a_scheduler(pressure_plugin, make):
