@@ -36,10 +36,11 @@ class Artifacts:
         self._staged: list[tuple[str, str]] = []
 
     def has_work(self) -> bool:
-        return bool(self._saves or self._loads)
+        return bool(self._saves or self._loads or self._saving)
 
     def has_saves(self) -> bool:
-        return bool(self._saves)
+        """Saves asked for, or being written (the engine writes off its tick thread)."""
+        return bool(self._saves or self._saving)
 
     def save(self, op: SaveOp) -> None:
         self._saves.append(op)
@@ -76,11 +77,12 @@ class Artifacts:
                 continue
             self._saving[op.path] = op
         self._saves.clear()
+        plan.collect_saves = bool(self._saving)
         plan.load.extend(self._staged)
         self._staged.clear()
 
     def tick_done(self, result: TickResult) -> None:
-        """Answer the saves the tick carried out."""
+        """Answer the saves whose writes finished by this tick's end (asked by it or earlier)."""
         for path, size in result.saved.items():
             op = self._saving.pop(path, None)
             if op is not None:
@@ -97,4 +99,10 @@ class Artifacts:
         return False
 
     def forget(self) -> None:
+        """The engine lost its state: writes it had not finished are gone with it."""
         self._temp_keys.clear()
+        for path, op in self._saving.items():
+            op.saved = None
+            log.warning("model %s: park artifact %s was not written (the engine was lost)", self.name, path)
+            op.done.set()
+        self._saving.clear()

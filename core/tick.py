@@ -108,13 +108,17 @@ class TickPlan:
     # meanwhile ends it after the engine's step in flight, and so does a lane that stops (its
     # generation ended, or its grant, which in a quiet tick is short only for a finishing lane).
     quiet: bool = False
+    # Park artifacts are being written off the tick thread: a plan with nothing else to do still
+    # goes to the engine, to collect the writes that finished (TickResult.saved).
+    collect_saves: bool = False
 
     @property
     def prefill_tokens(self) -> int:
         return sum(len(lp.feed) for lp in self.lanes if not lp.decode)
 
     def empty(self) -> bool:
-        return not (self.lanes or self.release or self.park or self.load or self.save or self.drop_parked)
+        return not (self.lanes or self.release or self.park or self.load or self.save or self.drop_parked
+                    or self.collect_saves)
 
 
 @attrs.define
@@ -147,7 +151,9 @@ class StepTiming:
 class TickResult:
     lanes: dict[int, LaneResult] = attrs.field(factory=dict)
     parked: dict[str, int] = attrs.field(factory=dict)  # park key -> bytes held (0: parking failed)
-    saved: dict[str, int] = attrs.field(factory=dict)   # file path -> bytes written (0: failed)
+    saved: dict[str, int] = attrs.field(factory=dict)   # file path -> bytes written (0: failed); a write
+    # is reported by the tick in which it finished, which may come after the one that asked for it
+    saves_pending: int = 0  # writes asked for and not finished yet (the loop keeps ticking for them)
     parked_bytes: int = 0  # all parked KV the engine holds in host memory
     steps: list[StepTiming] = attrs.field(factory=list)
     stopped_early: bool = False

@@ -8,13 +8,12 @@ and its steps, and its parked copies if it declares parking); nothing here knows
 from __future__ import annotations
 
 import abc
-import os
-import secrets
 import time
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from .artifact_writer import ArtifactWriter, write_atomically  # noqa: F401 (engines import it from here)
 from .media import EncoderCache
 from .stop_flag import StopFlag
 from .tick import LanePlan, LaneResult, TickPlan, TickResult
@@ -122,34 +121,7 @@ def prefill_shares(active: list[Work], plan: TickPlan, step_tokens: int) -> list
     return shares
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> int:
-    """Write a park artifact whole or not at all: ``write`` fills a temporary file beside ``path``
-    (``path.<random>.tmp``), which is synced and renamed to ``path`` (the rename synced too). The
-    bytes written; 0 on failure, and then the temporary file is gone (a full disk keeps none of
-    it) and whatever was at ``path`` stays."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-            size = os.fstat(f.fileno()).st_size
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return 0
-    try:  # the rename itself survives a power loss, not only a kill
-        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-    return size
+SAVE_COLLECT_WAIT_S = 0.05  # a tick with no lanes waits this long for a write to finish
 
 
 class TickRunner(abc.ABC):
@@ -199,6 +171,7 @@ class TickRunner(abc.ABC):
         self.kv_capacity = kv_capacity
         self.parked: dict[str, Any] = {}
         self.samplers: dict[int, Any] = {}
+        self.writer = ArtifactWriter()  # park artifacts are written off the tick thread
 
     # ---- primitives: parked KV (supports_parking; load and save: persists_kv) ------------------
 
@@ -212,9 +185,16 @@ class TickRunner(abc.ABC):
         not, as always without persisted KV)."""
         return 0
 
+    def save_writer(self, key: str) -> Callable[[BinaryIO], object] | None:
+        """What writes ``self.parked[key]`` to a file, holding (or copying) its bytes now, so the
+        tick's writer thread can write it while the next ticks run (:mod:`.artifact_writer`).
+        None: nothing parked under ``key``, or the engine writes in place with :meth:`save`."""
+        return None
+
     def save(self, key: str, path: str) -> int:
-        """Write ``self.parked[key]`` to a park artifact file (whole or not at all); the bytes
-        written (0: nothing parked under ``key``, or it failed, as always without persisted KV)."""
+        """Write ``self.parked[key]`` to a park artifact file on the tick thread (whole or not at
+        all), for an engine without a ``save_writer``; the bytes written (0: nothing parked
+        under ``key``, or it failed, as always without persisted KV)."""
         return 0
 
     def drop(self, key: str) -> None:
@@ -313,7 +293,11 @@ class TickRunner(abc.ABC):
         for path, key in plan.load:
             result.parked[key] = self.load(path, key)
         for key, path in plan.save:
-            result.saved[path] = self.save(key, path)
+            write = self.save_writer(key)
+            if write is None:
+                result.saved[path] = self.save(key, path)
+            else:
+                self.writer.submit(path, write)
         for key in plan.drop_parked:
             self.drop(key)
         for slot in plan.release:
@@ -323,6 +307,9 @@ class TickRunner(abc.ABC):
         for w in work:
             result.lanes[w.slot] = w.result
         result.parked_bytes = self.parked_bytes()
+        # a plan with no lanes may be there only to collect writes: wait a little for one
+        result.saved.update(self.writer.finished(wait_s=0.0 if plan.lanes else SAVE_COLLECT_WAIT_S))
+        result.saves_pending = self.writer.pending()
         if self.media is not None:
             result.encoded = self.media.encodes - encodes
         result.seconds = time.perf_counter() - t_start

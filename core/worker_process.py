@@ -235,6 +235,9 @@ class WorkerEngine(VocabEngine):
         return self.worker.call(("tick", plan))
 
 
+WRITER_FLUSH_S = 30.0
+
+
 def serve_ticks(conn, runner) -> None:
     """The worker side of the protocol once ready: run each tick with ``runner.run(plan)`` until
     ``("close",)`` or the daemon's end of the pipe closes. A failing tick is reported (its error
@@ -251,4 +254,7 @@ def serve_ticks(conn, runner) -> None:
                 conn.send(("error", WorkerError.of(exc)))
         elif msg[0] == "close":
             break
+    writer = getattr(runner, "writer", None)
+    if writer is not None:  # park artifacts asked for before the close land
+        writer.flush(timeout=WRITER_FLUSH_S)
 

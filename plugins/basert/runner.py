@@ -31,7 +31,7 @@ from superfluid.core.logits import token_logprob
 from superfluid.core.media import EncoderCache, Image
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
-from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
+from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one
 
 from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
@@ -160,12 +160,13 @@ class BasertRunner(tick_runner.TickRunner):
         self.parked[key] = entry
         return max(entry.nbytes, 1)
 
-    def save(self, key: str, path: str) -> int:
+    def save_writer(self, key: str):
+        """The host copy is taken on the tick thread; the writer thread serializes it."""
         entry = self.parked.get(key)
         if entry is None:
-            return 0
+            return None
         copy = self.pool.parking.host_copy(entry)
-        return write_atomically(path, lambda f: PagedKV.save(copy, f))
+        return lambda f: PagedKV.save(copy, f)
 
     # ---- sampling ---------------------------------------------------------------------------
 

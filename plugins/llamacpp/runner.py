@@ -24,7 +24,7 @@ from superfluid.core.logits import LaneRow, token_logprob
 from superfluid.core.media import leading_tokens
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult
-from superfluid.core.tick_runner import PoolFull, Work, takes_one, write_atomically
+from superfluid.core.tick_runner import PoolFull, Work, takes_one
 
 from . import native
 from .buffers import LogitRows, host_buffer
@@ -155,12 +155,13 @@ class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
         self.parked[key] = buf
         return size
 
-    def save(self, key: str, path: str) -> int:
-        """Write parked KV to a park artifact (whole or not at all); bytes written, 0 on failure."""
+    def save_writer(self, key: str):
+        """Parked KV is a host buffer nothing writes into again (a park makes a new one), so the
+        writer thread can write it as it is, even after the key is dropped."""
         buf = self.parked.get(key)
         if buf is None:
-            return 0
-        return write_atomically(path, lambda f: f.write(memoryview(buf)))
+            return None
+        return lambda f: f.write(memoryview(buf))
 
     def parked_bytes(self) -> int:
         return sum(len(b) for b in self.parked.values())

@@ -49,7 +49,7 @@ from superfluid.core.logits import token_logprob
 from superfluid.core.media import EncoderCache
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
-from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one, write_atomically
+from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one
 
 from .batch_view import batch_views
 from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
@@ -177,16 +177,18 @@ class MlxRunner(tick_runner.TickRunner):
         entry = self.parked[key] = (n, layers)
         return max(self._nbytes(entry), 1)
 
-    def save(self, key: str, path: str) -> int:
+    def save_writer(self, key: str):
+        """The arrays become numpy ones on the tick thread (MLX evaluates on its own streams,
+        which only this thread drives); the writer thread only writes them."""
         entry = self.parked.get(key)
         if entry is None:
-            return 0
+            return None
         n, layers = entry
         arrays = {"n": np.array(n), "layers": np.array(len(layers)),
                   "bf16": np.array(any(d is not None for _, _, d in layers))}
         for i, (k, v, _) in enumerate(layers):
-            arrays[f"k{i}"], arrays[f"v{i}"] = k, v
-        return write_atomically(path, lambda f: np.savez(f, **arrays))
+            arrays[f"k{i}"], arrays[f"v{i}"] = np.asarray(k), np.asarray(v)
+        return lambda f: np.savez(f, **arrays)
 
     # ---- sampling and steps -----------------------------------------------------------------
 

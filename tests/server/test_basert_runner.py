@@ -148,7 +148,12 @@ def test_copy_shares_pages_and_parked_kv_comes_back_from_memory_and_files(tiny, 
         r.run(TickPlan(park=[(1, "k")], release=[1]))
         assert r.pool.parking.kept(r.parked["k"]) and r.kv_used() == used
         path = str(tmp_path / "park.bin")
-        assert r.run(TickPlan(save=[("k", path)])).saved[path] > 0
+        res = r.run(TickPlan(save=[("k", path)]))
+        for _ in range(200):  # written off the tick thread: the tick in which it finished reports it
+            if path in res.saved:
+                break
+            res = r.run(TickPlan(collect_saves=True))
+        assert res.saved[path] > 0
         assert r.run(TickPlan(load=[(path, "k2")])).parked["k2"] > 0
         first = r.run(TickPlan(lanes=[LanePlan(slot=2, pos=len(prompt), feed=[reference[0]], sample=True,
                                                max_new=2, reset=True, sampling=GREEDY, seed=Seed(key="k2"),
