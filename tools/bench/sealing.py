@@ -11,7 +11,7 @@ one server at a time:
 
 * ``--neighbours`` streams (``/v1/completions``, ``--neighbour-tokens`` tokens, ``ignore_eos``)
   decode; the client records when each delta arrives;
-* meanwhile ``--sessions`` sessions take turns back to back: a ~``--system-tokens`` system prompt and short
+* meanwhile ``--sessions`` sessions take a turn every ``--turn-interval`` seconds: a ~``--system-tokens`` system prompt and short
   replies, so each finished turn seals ~that many tokens of KV on the sealing server.
 
 Rounds alternate between the servers (``--rounds`` each) so a noisy neighbour on the machine
@@ -52,7 +52,6 @@ def start(model: str, flags: list[str], log: Path, pythonpath: str | None = None
 
 async def round_on(base: str, args, rng_tag: str) -> dict:
     async with aiohttp.ClientSession() as http:
-        before = await metrics(http, base)
         instants: list[list[float]] = [[] for _ in range(args.neighbours)]
 
         def recorder(i):
@@ -62,21 +61,35 @@ async def round_on(base: str, args, rng_tag: str) -> dict:
             WORDS[(i * 7) % len(WORDS)] for i in range(int(args.system_tokens / 1.4)))
         done = asyncio.Event()
 
-        async def turns(k: int) -> int:
-            r = await call(http, "POST", base + "/v1/sessions", {"model": MODEL_NAME, "system": f"{k} {system}"})
-            sid, n = r.body["id"], 0
+        async def turn(sid: str, n: int) -> None:
+            t = await call(http, "POST", base + f"/v1/sessions/{sid}/turns",
+                           {"messages": [{"role": "user", "content": f"Word {n}?"}], "max_tokens": 4,
+                            "temperature": 0}, timeout=300)
+            if t.status != 200:
+                raise RuntimeError(f"turn {n}: {t.status} {t.body}")
+
+        async def turns(sid: str) -> int:
+            n = 1
             while not done.is_set():
-                t = await call(http, "POST", base + f"/v1/sessions/{sid}/turns",
-                               {"messages": [{"role": "user", "content": f"Word {n}?"}], "max_tokens": 4,
-                                "temperature": 0}, timeout=300)
-                if t.status != 200:
-                    raise RuntimeError(f"turn {n}: {t.status} {t.body}")
+                t = time.monotonic()
+                await turn(sid, n)
                 n += 1
+                await asyncio.sleep(max(0.0, args.turn_interval - (time.monotonic() - t)))
             await call(http, "DELETE", base + f"/v1/sessions/{sid}")
-            return n
+            return n - 1
+
+        # each session's first turn prefills its system prompt before the measurement starts:
+        # what the neighbours then share the ticks with is turns and their seals
+        sids = []
+        for k in range(args.sessions):
+            r = await call(http, "POST", base + "/v1/sessions", {"model": MODEL_NAME, "system": f"{k} {system}"})
+            sids.append(r.body["id"])
+            await turn(sids[-1], 0)
+        await asyncio.sleep(1.0)
+        before = await metrics(http, base)
 
         t0 = time.monotonic()
-        turn_tasks = [asyncio.create_task(turns(k)) for k in range(args.sessions)]
+        turn_tasks = [asyncio.create_task(turns(sid)) for sid in sids]
         streams = await asyncio.gather(*(
             stream(http, base + "/v1/completions",
                    {"model": MODEL_NAME, "prompt": f"Story {i}:", "max_tokens": args.neighbour_tokens,
@@ -105,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbour-tokens", type=int, default=160)
     ap.add_argument("--sessions", type=int, default=2, help="sessions taking turns beside the neighbours")
     ap.add_argument("--system-tokens", type=int, default=2000)
+    ap.add_argument("--turn-interval", type=float, default=1.0,
+                    help="a session takes at most one turn this often (seconds), so both servers seal about as "
+                         "often and the neighbours' loss compares per seal")
     ap.add_argument("--lanes", type=int, default=4)
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--server-pythonpath", metavar="DIR",
