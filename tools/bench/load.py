@@ -11,7 +11,8 @@ add to a request (the server's ``superfluid_http_auth_seconds``, p50/p99 from it
 Client ``i`` uses key ``i % len(keys)`` and loops: a chat or a completion (by turns), streamed or
 not, ``max_tokens`` 8, a short prompt of its own, until ``--seconds`` have passed; a request
 still out then has ``--drain`` more seconds to finish. A 429 is honoured: the client sleeps its
-Retry-After (1 s if it has none), as an OpenAI client would. All clients share one connector
+Retry-After (1 s if it has none), as an OpenAI client would; so is a 503 that carries one (a
+model being unloaded or loaded). All clients share one connector
 with a connection each.
 
 Per request it records the status, whether a 429 carried Retry-After and its error code, the
@@ -227,11 +228,13 @@ def percentile(values: list[float], q: float) -> float | None:
 
 # ---- the run ---------------------------------------------------------------------------------
 
-async def run(args) -> dict:
+async def run(args, results: list[Result] | None = None) -> dict:
+    """The run's report; ``results``, if given, receives every request's :class:`Result` (a
+    caller that classifies them itself: tools/chaos)."""
     keys = read_keys(args.keys)
     base = args.target.rstrip("/")
     connector = aiohttp.TCPConnector(limit=args.clients + 4, limit_per_host=args.clients + 4)
-    results: list[Result] = []
+    results = [] if results is None else results
     async with aiohttp.ClientSession(connector=connector) as session:
         if args.model:
             model = args.model
@@ -265,7 +268,7 @@ async def _client(session, base, key, model, client, deadline, drain, results):
         result = await one(session, base, secret, key_name, model, client, n, kind, timeout)
         results.append(result)
         n += 1
-        if result.status == 429:
+        if result.status == 429 or (result.status == 503 and result.retry_after):
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -1,0 +1,31 @@
+"""The chaos suite's policy reloads and unloads under load, CI variant: keyed clients (the load
+tool's) against the real server while its key policy is rewritten and SIGHUPed (once malformed)
+and the model is unloaded and loaded; every answer whole or a documented refusal, none lost."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.chaos import runner  # noqa: E402
+from tools.chaos.common import PASS  # noqa: E402
+from tools.chaos.scenarios import reloads_under_load  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_reloads_under_load_fast_passes(model_path, tmp_path):
+    o = runner.run_scenario(reloads_under_load, True, 1, tmp_path, model_path)
+    f = o.figures
+    assert o.verdict == PASS, f"{o.reason}\n{json.dumps(f, default=str)[:3000]}"
+    assert f["lost"] == 0 and f["undocumented"] == 0 and f["whole"] > 0
+    assert f["reloads"] >= 2 and f["reloads_effective"] == f["reloads"]
+    assert f["malformed"] == 1 and f["malformed_kept_old"] == 1
+    assert f["unload_load_ok"] == f["unloads"] == 1 and f["saw_model_unloaded"] > 0  # the unload met traffic
