@@ -81,6 +81,9 @@ OPTIONS = PluginOptions("http", [
            in_range(0.1, 3600.0), metavar="S"),
     Option("keepalive-timeout", float, 15.0, "seconds an idle keep-alive connection stays open",
            in_range(0.1, 3600.0), metavar="S"),
+    Option("stream-stall-timeout", float, 30.0, "seconds a streamed reply may wait on a client that "
+           "reads nothing; then the stream is closed and its lanes cancelled (logged)",
+           in_range(0.1, 3600.0), metavar="S"),
     Option("max-connections", int, 1024, "open client connections at most; one more is a 503 "
            "with Retry-After, closed at once", in_range(1, 1 << 20), metavar="N"),
     Option("completion-rate", str, "10/s", "fill-in-the-middle requests per client: the token "

@@ -26,6 +26,7 @@ from ..keys.limits import HEADERS, KeyLimits
 from ..prepare.logprob_format import TokenText
 from ..prepare.preparer import Prepared, Preparer
 from ..options import OPTIONS
+from ..stall import ClientStalled, StallGuard
 from ..wire import Wire
 from .chat_protocol import ChatCompletionRequest, ChatFields
 from .choices import Choice
@@ -42,6 +43,7 @@ class OpenAIRoutes:
         self.reasoning_field = OPTIONS.of(config).reasoning_field  # chat's name for the reasoning
         self.images = ImageLoader(config)
         self.key_limits = KeyLimits(metrics=METRICS)  # per-key requests/tokens per minute and lanes
+        self.stall = StallGuard(OPTIONS.of(config).stream_stall_timeout)  # a stream nobody reads ends
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -152,53 +154,61 @@ class OpenAIRoutes:
         prep, shape, choices, wire = answer.prep, answer.shape, answer.choices, answer.wire
         resp = web.StreamResponse(headers={"Content-Type": wire.content_type,
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.stall.cap(request)
         await resp.prepare(request)
+        try:
+            async def send(data: bytes) -> None:
+                await self.stall.write(request, resp, data)
 
-        async def write(chunks) -> None:
-            for chunk in chunks:
-                for data in wire.chunk(chunk):
-                    await resp.write(data)
+            async def write(chunks) -> None:
+                for chunk in chunks:
+                    for data in wire.chunk(chunk):
+                        await send(data)
 
-        for data in wire.opening():
-            await resp.write(data)
-        for choice in choices:
-            await write(choice.opening())
-        failed = False
-        # An echoed prompt with logprobs goes first, once the scoring lane has computed it; what
-        # the choices make before then is held back, in order.
-        held: list[dict] | None = [] if choices[0].echo_waits_for_scores else None
-        async for tagged in _pinged(prep.bridge.tagged(), wire.ping_every):
-            if tagged is None:  # nothing for ping_every seconds (a long prefill): keep the stream open
-                await resp.write(wire.ping())
-                continue
-            i, event = tagged
-            chunks: list[dict] = []
-            if event.kind == "scored" and held is not None:
-                chunks = [c.echo_chunk(event.prompt_logprobs) for c in choices] + held
-                held = None
-            elif event.kind == "delta":
-                chunks = choices[i].delta(event)
-            elif event.kind == "error":
-                answer.log(request, status_of(event.error), event=event, finish="error")
-                for data in wire.stream_error(event.error):
-                    await resp.write(data)
-                failed = True
-                break
-            elif event.kind == "finished":
-                chunks = choices[i].finish(event)
-            if held is not None and event.kind != "scored":
-                held.extend(chunks)
-                continue
-            await write(chunks)
-        await write(held or ())  # never scored (it cannot happen to a lane that finished): what it made
-        if not failed:
-            answer.finished()
-            usage = (shape.usage_chunk([c.event for c in choices], answer.reasoning_tokens())
-                     if prep.include_usage or wire.always_usage else None)
-            for data in wire.closing(usage):
-                await resp.write(data)
-            answer.log(request, 200, event=answer.summed())
-        await resp.write_eof()
+            for data in wire.opening():
+                await send(data)
+            for choice in choices:
+                await write(choice.opening())
+            failed = False
+            # An echoed prompt with logprobs goes first, once the scoring lane has computed it; what
+            # the choices make before then is held back, in order.
+            held: list[dict] | None = [] if choices[0].echo_waits_for_scores else None
+            async for tagged in _pinged(prep.bridge.tagged(), wire.ping_every):
+                if tagged is None:  # nothing for ping_every seconds (a long prefill): keep the stream open
+                    await send(wire.ping())
+                    continue
+                i, event = tagged
+                chunks: list[dict] = []
+                if event.kind == "scored" and held is not None:
+                    chunks = [c.echo_chunk(event.prompt_logprobs) for c in choices] + held
+                    held = None
+                elif event.kind == "delta":
+                    chunks = choices[i].delta(event)
+                elif event.kind == "error":
+                    answer.log(request, status_of(event.error), event=event, finish="error")
+                    for data in wire.stream_error(event.error):
+                        await send(data)
+                    failed = True
+                    break
+                elif event.kind == "finished":
+                    chunks = choices[i].finish(event)
+                if held is not None and event.kind != "scored":
+                    held.extend(chunks)
+                    continue
+                await write(chunks)
+            await write(held or ())  # never scored (it cannot happen to a lane that finished): what it made
+            if not failed:
+                answer.finished()
+                usage = (shape.usage_chunk([c.event for c in choices], answer.reasoning_tokens())
+                         if prep.include_usage or wire.always_usage else None)
+                for data in wire.closing(usage):
+                    await send(data)
+                answer.log(request, 200, event=answer.summed())
+            await self.stall.finish(request, resp)
+        except ClientStalled:
+            # the connection is already aborted: nothing more can be sent; the lanes are cancelled
+            # by the caller (their bridge never ended)
+            answer.log(request, 499, finish="stalled")
         return resp
 
 
