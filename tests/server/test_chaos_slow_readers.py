@@ -1,0 +1,30 @@
+"""The chaos suite's slow and vanishing readers, CI variant: interactive streams against the real
+server beside clients that never read, read a byte a second or half-close, compared with the same
+requests from clients that read; stalled streams cancelled, memory flat, lanes freed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.chaos import runner  # noqa: E402
+from tools.chaos.common import PASS  # noqa: E402
+from tools.chaos.scenarios import slow_readers  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_slow_readers_fast_passes(model_path, tmp_path):
+    o = runner.run_scenario(slow_readers, True, 1, tmp_path, model_path)
+    f = o.figures
+    assert o.verdict == PASS, f"{o.reason}\n{json.dumps(f, default=str)[:3000]}"
+    assert f["stalled_cancelled"] >= 2 and f["lanes_busy_after"] == 0 and f["5xx"] == 0
+    assert f["rss_fault_peak_mib"] - f["rss_baseline_mib"] <= 64
+    assert f["streams_fault"] > 0 and f["vanished_connections"] == 26
