@@ -23,7 +23,8 @@ last delta:
 
 Sampled every 0.5 s: the daemon's RSS. Pass: the daemon's RSS in the fault phase stays within
 64 MiB of its peak before; the normal streams' median token rate is at least ``min_rate_ratio``
-of the control's (the same work for the server, read or not); every stalled stream was cancelled (the log's warnings) and every lane is free
+of the control's (the same work for the server, read or not); every stalled stream was cancelled
+(the log's warnings) and every lane is free
 afterwards, the queue empty; the slow reader got the start of a well-formed stream; every
 half-closed request got a whole reply or a closed connection, never a 5xx; the server answers
 afterwards."""
@@ -226,7 +227,8 @@ async def _drive(ctx: Ctx, srv, fig: dict) -> None:
     fig["rss_end_mib"] = round(sampler.samples[-1][1], 1)
     slow, halves = side_results[0], side_results[1:]
     rb, rc, rf = statistics.median(baseline), statistics.median(control), statistics.median(fault)
-    fig.update(rate_alone=round(rb, 1), rate_baseline=round(rc, 1), rate_fault=round(rf, 1), rate_ratio=round(rf / rc, 2),
+    fig.update(rate_alone=round(rb, 1), rate_baseline=round(rc, 1), rate_fault=round(rf, 1),
+               rate_ratio=round(rf / rc, 2),
                streams_baseline=len(baseline), streams_fault=len(fault), vanished_connections=len(held),
                slow_reader_bytes=slow["bytes"], slow_reader_well_formed=slow["well_formed"],
                half_close={k: halves.count(k) for k in set(halves)}, after_ok=after.status == 200,
