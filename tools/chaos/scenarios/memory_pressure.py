@@ -31,6 +31,7 @@ and no swap for the cgroup (the kernel would swap instead of killing)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from pathlib import Path
@@ -105,9 +106,17 @@ class Cgroup:
         """A command prefix that moves itself into this cgroup, then execs the server (same PID)."""
         return ["sh", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "sh"]
 
-    def remove(self) -> None:
-        if self.dir.exists():
-            self.dir.rmdir()
+    def remove(self, timeout: float = 15.0) -> None:
+        """Remove the cgroup once it is empty: a process stopped a moment ago may still be leaving
+        it (the kernel uncharges its memory as it goes), so EBUSY is waited out."""
+        deadline = time.monotonic() + timeout
+        while self.dir.exists():
+            try:
+                self.dir.rmdir()
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 def unavailable() -> str | None:
