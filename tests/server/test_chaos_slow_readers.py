@@ -25,6 +25,6 @@ def test_slow_readers_fast_passes(model_path, tmp_path):
     o = runner.run_scenario(slow_readers, True, 1, tmp_path, model_path)
     f = o.figures
     assert o.verdict == PASS, f"{o.reason}\n{json.dumps(f, default=str)[:3000]}"
-    assert f["stalled_cancelled"] >= 2 and f["lanes_busy_after"] == 0 and f["5xx"] == 0
+    assert f["stalled_cancelled"] >= 1 and f["lanes_busy_after"] == 0 and f["5xx"] == 0
     assert f["rss_fault_peak_mib"] - f["rss_baseline_mib"] <= 64
     assert f["streams_fault"] > 0 and f["vanished_connections"] == 26
