@@ -126,6 +126,13 @@ def unavailable() -> str | None:
         return "no memory cgroup controller mounted at /sys/fs/cgroup"
     if Path("/proc/swaps").exists() and len(_read(Path("/proc/swaps")).splitlines()) > 1:
         return "swap is on: the kernel would swap instead of OOM-killing"
+    if not (CGROOT / "memory").is_dir() and "memory" not in _read(CGROOT / "cgroup.subtree_control").split():
+        return "cgroup v2 without the memory controller enabled for child cgroups (cgroup.subtree_control)"
+    try:  # a read-only cgroup mount (inside a container) cannot hold one of ours
+        probe = Cgroup(f"superfluid-chaos-probe-{os.getpid()}")
+        probe.remove()
+    except OSError as exc:
+        return f"cannot make a memory cgroup here: {exc}"
     return None
 
 
