@@ -6,8 +6,8 @@ proxy that never drains) fills the kernel's socket buffers, then the transport's
 (``tcp_wmem``), some 20,000 tokens of SSE: enough to hold a whole reply, so nothing would ever
 wait, and 200 such clients would hold 800 MiB of kernel memory. A stream's socket therefore gets a
 fixed send buffer (``STREAM_SNDBUF``, 128 KiB as Linux doubles it: several hundred deltas), far
-more than any token rate needs. Past it the transport holds 64 KiB, and then aiohttp's write waits
-for the client (its high-water mark). Meanwhile its lane keeps decoding into the request's event queue: the
+more than any token rate needs. Past it the daemon's transport holds at most ``STREAM_BUFFER_CAP``
+before a write waits for the client. Meanwhile its lane keeps decoding into the request's event queue: the
 daemon's memory grows with every token and a lane is held until ``max_tokens``. So a write that
 waits longer than ``--stream-stall-timeout`` seconds ends the request: the connection is closed,
 the lane is cancelled like a disconnected client's (its KV freed at the next step) and a warning
@@ -26,6 +26,16 @@ from aiohttp import web
 log = logging.getLogger("superfluid.http")
 
 STREAM_SNDBUF = 64 * 1024  # bytes; the kernel doubles it for its bookkeeping
+STREAM_BUFFER_CAP = 256 * 1024  # bytes a stream may hold unsent in the daemon's transport
+
+
+async def _drained(transport) -> None:
+    """Wait until the transport's unsent bytes are under half the cap. aiohttp's write waits only
+    once the transport has paused it; in the chaos suite's full slow-readers run some stalled
+    streams never waited (their replies ended 200, the daemon's RSS grew by about their size),
+    so the cap is checked here as well."""
+    while not transport.is_closing() and transport.get_write_buffer_size() > STREAM_BUFFER_CAP // 2:
+        await asyncio.sleep(0.05)
 
 
 class ClientStalled(ConnectionResetError):
@@ -50,6 +60,9 @@ class StallGuard:
                 pass
 
     async def write(self, request: web.Request, resp: web.StreamResponse, data: bytes) -> None:
+        transport = request.transport
+        if transport is not None and transport.get_write_buffer_size() > STREAM_BUFFER_CAP:
+            await self._within(request, _drained(transport))
         await self._within(request, resp.write(data))
 
     async def finish(self, request: web.Request, resp: web.StreamResponse) -> None:
