@@ -31,9 +31,9 @@ STREAM_BUFFER_CAP = 256 * 1024  # bytes a stream may hold unsent in the daemon's
 
 async def _drained(transport) -> None:
     """Wait until the transport's unsent bytes are under half the cap. aiohttp's write waits once
-    the transport has paused it (at 64 KiB); this bound does not rest on that. (In the chaos
-    suite's full slow-readers run some stalled clients' replies still ended 200 with this in
-    place; why is open: docs/reliability.md.)"""
+    the transport has paused it (at 64 KiB); this bound does not rest on that. (It was added when
+    some stalled replies in the chaos suite's full slow-readers run ended 200; the cause was the
+    scenario's client, which read 128 KiB into its own buffer: docs/reliability.md.)"""
     while not transport.is_closing() and transport.get_write_buffer_size() > STREAM_BUFFER_CAP // 2:
         await asyncio.sleep(0.05)
 
