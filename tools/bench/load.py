@@ -64,8 +64,9 @@ class Result:
     lost: str | None = None  # why no (complete) answer came: connection, timeout, truncated, bad body
     retry_after: bool = False
     retry_s: float | None = None  # its value, for the client's sleep
-    code: str | None = None  # a refusal's error.code
+    code: str | None = None  # a refusal's error.code, or a stream's error event's
     stream_error: bool = False  # a 200 stream that carried an error event
+    finished: bool = False  # a 200 reply whose choice carried a finish_reason
 
 
 # ---- keys ------------------------------------------------------------------------------------
@@ -136,8 +137,19 @@ async def one(session, base, secret, key_name, model, client, n, kind, timeout) 
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
                         done = True
-                    elif payload.startswith(b'{"error"'):
+                        continue
+                    try:
+                        event = json.loads(payload)
+                    except ValueError:
+                        continue
+                    if not isinstance(event, dict):
+                        continue
+                    if "error" in event:
                         result.stream_error = True
+                        error = event["error"]
+                        result.code = error.get("code") if isinstance(error, dict) else None
+                    elif _finish_reason(event):
+                        result.finished = True
                 if not done:
                     result.lost = "truncated stream"
             else:
@@ -149,6 +161,8 @@ async def one(session, base, secret, key_name, model, client, n, kind, timeout) 
                 if resp.status == 200:
                     if not (isinstance(data, dict) and data.get("choices")):
                         result.lost = "bad body"
+                    else:
+                        result.finished = _finish_reason(data)
                 else:
                     error = data.get("error") if isinstance(data, dict) else None
                     result.code = error.get("code") if isinstance(error, dict) else None
@@ -164,6 +178,13 @@ async def one(session, base, secret, key_name, model, client, n, kind, timeout) 
         result.lost = f"connection: {type(exc).__name__}"
     result.latency = time.perf_counter() - sent
     return result
+
+
+def _finish_reason(body: dict) -> bool:
+    """Whether a reply (or a stream's chunk) names a finish_reason in its first choice."""
+    choices = body.get("choices")
+    return bool(isinstance(choices, list) and choices and isinstance(choices[0], dict)
+                and choices[0].get("finish_reason"))
 
 
 # ---- /metrics --------------------------------------------------------------------------------
@@ -305,6 +326,8 @@ def report(args, keys, results: list[Result], metrics: dict, elapsed: float, cut
         "429": len(refused), "429_without_retry_after": sum(1 for r in refused if not r.retry_after),
         "429_codes": dict(Counter(r.code for r in refused)),
         "stream_errors": sum(1 for r in results if r.stream_error),
+        "no_finish_reason": sum(1 for r in results
+                                if r.status == 200 and r.lost is None and not r.stream_error and not r.finished),
         "latency_s": {
             "all_p50": percentile([r.latency for r in results], 0.5),
             "all_p99": percentile([r.latency for r in results], 0.99),
