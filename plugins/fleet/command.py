@@ -52,6 +52,7 @@ async def serve(config: FleetConfig) -> None:
     def on_change(healthy: list[str]) -> None:
         log.info("%d healthy node(s): %s", len(healthy), ", ".join(healthy) or "none")
         smg.nodes_changed()
+        fleet.nodes_changed(healthy)  # the streams of a node that left end now
 
     nodes_tls = client_context(config.ssl_cafile)  # https:// nodes: the system's CAs, and this file's
     monitor = NodeMonitor(config.nodes, config.discovery_file, on_change, ssl=nodes_tls)

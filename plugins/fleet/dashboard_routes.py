@@ -66,6 +66,7 @@ class DashboardRoutes:
             return error(404, f"no node {request.match_info['node']!r} in this fleet; GET /dashboard lists them",
                          "node_not_found", type_="invalid_request_error")
         try:
-            return await self.relay.call(request, url + path, None, forward_headers(request), completion=False)
+            return await self.relay.call(request, url + path, None, forward_headers(request), completion=False,
+                                         node=url)
         except Unreachable as exc:
             return error(503, f"node {url} is unavailable: {exc}", "node_unavailable", headers={"Retry-After": "2"})

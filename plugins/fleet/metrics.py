@@ -21,7 +21,7 @@ class HeadMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("superfluid_fleet_requests", "Requests the fleet head answered, by route and status",
                                 ["route", "status"], registry=self.registry)
-        self.errors = Counter("superfluid_fleet_errors", "Failures at the head, by kind (smg_unreachable, "
+        self.errors = Counter("superfluid_fleet_errors", "Failures at the head, by kind (smg_unreachable, node_lost, "
                               "node_unavailable, stream_cut, retried)", ["kind"], registry=self.registry)
         self.node_healthy = Gauge("superfluid_fleet_node_healthy", "1 if the node's /health answered at the "
                                   "head's last poll", ["node"], registry=self.registry)

@@ -10,9 +10,15 @@
   it as it would alone.
 - ``/v1/sessions...`` (SMG does not proxy them): see :mod:`.session_routes`.
 - A stream whose upstream ends without ``data: [DONE]`` (SMG itself died, say) gets an SSE error
-  event and ``[DONE]`` from the head (:mod:`.relay`), so a client never hangs. SMG already ends a stream cut by a
-  dying node that way and already retries a failed non-streamed request on another node; the
-  head retries once more only when SMG itself could not be reached (it is being restarted).
+  event and ``[DONE]`` from the head (:mod:`.relay`), so a client never hangs. SMG already ends a
+  stream cut by a dying node that way and already retries a failed non-streamed request on
+  another node; the head retries once more only when SMG itself could not be reached (it is
+  being restarted).
+- A node cut off from the network (its packets dropped) fails nothing: its connections go
+  silent. When the head marks a node unhealthy (:meth:`FleetApp.nodes_changed`), the streams
+  relayed from it end at once: a started one with an error event, one without a token yet is
+  sent again elsewhere; a whole answer still waiting, which might be there, is sent again too
+  and the first answer wins (:meth:`FleetApp._whole`).
 - ``/health`` and ``/metrics``: the fleet's view (nodes, SMG, the head)."""
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from .body import QOS_HEADER, body_class, body_model, carry_class, parses
 from .dashboard_routes import DashboardRoutes
 from .metrics import HeadMetrics
 from .nodes import NodeMonitor
-from .relay import NotStarted, Relay, Unreachable, error, forward_headers
+from .relay import NotStarted, Relay, Unreachable, error, forward_headers, wants_stream
 from .session_routes import SessionRoutes
 from .smg import Smg
 
@@ -51,6 +57,7 @@ class FleetApp:
         self.dashboard_routes = DashboardRoutes(self.relay, monitor)
         self.started = int(time.time())
         self._restarts_seen = 0
+        self._healthy: set[str] = set()
 
     # ---- app ------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -78,6 +85,19 @@ class FleetApp:
     async def _close(self, app) -> None:
         await self.relay.close()
 
+    def nodes_changed(self, healthy: list[str]) -> None:
+        """The healthy set changed: the streams of a node that left it end now (a partitioned
+        node's connections go silent, they do not break; see :mod:`.relay`)."""
+        now = set(healthy)
+        for url in sorted(self._healthy - now):
+            node = self.monitor.nodes.get(url)
+            # whole answers say where they are only when they end: resend the waiting ones only if
+            # SMG (its last /workers) had more requests on the node than the head knows of there
+            load = (getattr(self.smg, "workers", None) or {}).get(url, {}).get("load")
+            wholes = not isinstance(load, int) or load > self.relay.held_by(url)
+            self.relay.node_lost(url, node.last_error if node else "no longer listed", wholes=wholes)
+        self._healthy = now
+
     @web.middleware
     async def _count(self, request: web.Request, handler):
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
@@ -91,13 +111,17 @@ class FleetApp:
 
     # ---- the upstream call ----------------------------------------------------------------
 
-    async def _via_smg(self, request: web.Request, raw: bytes | None) -> web.StreamResponse:
+    async def _via_smg(self, request: web.Request, raw: bytes | None, whole: bool = False) -> web.StreamResponse:
+        """``whole``: a generation answered whole (not streamed), which may be sent again if a
+        node is lost while it waits (:meth:`_whole`)."""
         url = self.smg.base + request.path
         headers = forward_headers(request)
         if not self.smg.ready.is_set():  # SMG restarting, or not yet routing to its nodes
             await self.smg.wait_ready(SMG_WAIT_S)
         for attempt in range(STREAM_RETRIES + 1):
             try:
+                if whole:
+                    return await self._whole(request, url, raw, headers)
                 return await self.relay.call(request, url, raw, headers)
             except NotStarted as exc:
                 if attempt == STREAM_RETRIES:
@@ -126,9 +150,48 @@ class FleetApp:
         self.head.errors.labels("stream_moved").inc()
         log.warning("a stream failed before its first token on node %s (%s); sending it again",
                     exc.node or "?", exc)
+        await self._unrouted(exc.node)
+
+    async def _unrouted(self, node: str | None) -> None:
         deadline = time.monotonic() + NODE_GONE_WAIT_S
-        while exc.node and self.smg.routable(exc.node) and time.monotonic() < deadline:
+        while node and self.smg.routable(node) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+
+    async def _whole(self, request: web.Request, url: str, raw: bytes | None,
+                     headers: dict[str, str]) -> web.StreamResponse:
+        """A whole answer through SMG. SMG names the node only in the answer, so when a node it
+        had requests on is lost (:meth:`nodes_changed`) while this one waits, it may be waiting on
+        that node's silent connection: it is sent again (SMG no longer routes there) and the
+        first of the two answers is the client's; the other call is cancelled (its node frees
+        the lane). A call on a healthy node is usually ahead and wins, its copy cancelled while
+        still queued: the cost of not knowing where it went."""
+        suspect = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(self.relay.call(request, url, raw, headers, suspect=suspect))
+        calls = [first]
+        try:
+            await asyncio.wait([first, suspect], return_when=asyncio.FIRST_COMPLETED)
+            if first.done():
+                return first.result()
+            lost = suspect.result()
+            self.head.errors.labels("whole_resent").inc()
+            log.warning("%s %s: a whole answer may wait on node %s, which was lost; sending it again",
+                        request.method, request.path, lost)
+            await self._unrouted(lost)
+            if first.done():
+                return first.result()
+            calls.append(asyncio.ensure_future(self.relay.call(request, url, raw, headers)))
+            pending, failure = set(calls), None
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for call in done:
+                    if call.exception() is None:
+                        return call.result()
+                    failure = call.exception()
+            raise failure
+        finally:
+            suspect.cancel()
+            for call in calls:
+                call.cancel()
 
     # ---- OpenAI routes --------------------------------------------------------------------
     async def openai(self, request: web.Request) -> web.StreamResponse:
@@ -136,7 +199,7 @@ class FleetApp:
         if not parses(raw):  # SMG would answer with its own parser's 400: give the node's, as
             return await self._direct(request, raw, None)  # a single server answers it
         down = self._all_down(body_model(raw))
-        return down if down is not None else await self._via_smg(request, raw)
+        return down if down is not None else await self._via_smg(request, raw, whole=not wants_stream(raw))
 
     def _all_down(self, model: str | None) -> web.Response | None:
         """A 503 for a model the fleet serves but no healthy node does now (SMG, which no longer
@@ -155,7 +218,8 @@ class FleetApp:
             return await self._via_smg(request, raw)
         node = min(candidates, key=lambda n: (n.busy, n.url))
         try:
-            return await self.relay.call(request, node.url + request.path, raw, forward_headers(request))
+            return await self.relay.call(request, node.url + request.path, raw, forward_headers(request),
+                                         node=node.url)
         except Unreachable as exc:
             return self.relay.node_down(node.url, str(exc))
 
@@ -168,7 +232,7 @@ class FleetApp:
         if down is not None:
             return down
         if request.headers.get(QOS_HEADER) is None and body_class(raw) is None and parses(raw):
-            return await self._via_smg(request, raw)
+            return await self._via_smg(request, raw, whole=True)
         return await self._direct(request, raw, body_model(raw))
 
     async def any_node(self, request: web.Request) -> web.StreamResponse:

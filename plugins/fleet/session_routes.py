@@ -39,7 +39,8 @@ class SessionRoutes:
             return error(503, "no healthy node" + (f" serves model {model!r}" if model else ""),
                          "no_healthy_node", headers={"Retry-After": "2"})
         try:
-            resp = await self.relay.call(request, node.url + "/v1/sessions", raw, forward_headers(request))
+            resp = await self.relay.call(request, node.url + "/v1/sessions", raw, forward_headers(request),
+                                         node=node.url)
         except Unreachable as exc:
             return self.relay.node_down(node.url, str(exc))
         if resp.status == 201 and isinstance(resp, web.Response) and resp.body is not None:
@@ -103,7 +104,7 @@ class SessionRoutes:
             return self.relay.node_down(url, node.last_error if node else "no longer listed", sid)
         raw = await request.read() if request.can_read_body else None
         try:
-            resp = await self.relay.call(request, url + request.path, raw, forward_headers(request))
+            resp = await self.relay.call(request, url + request.path, raw, forward_headers(request), node=url)
         except Unreachable as exc:
             return self.relay.node_down(url, str(exc), sid)
         if request.method == "DELETE" and request.match_info["tail"] == "" and resp.status == 200:
