@@ -5,6 +5,7 @@ Before the guard, such a lane decoded to max_tokens into the daemon's memory for
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -47,7 +48,11 @@ def test_a_stream_nobody_reads_is_cancelled_and_its_lane_freed(start_server):
         assert not busy, f"the stalled stream still holds a lane: {busy}"
         log = srv.log_path.read_text()
         assert "read nothing for 2 s (--stream-stall-timeout)" in log
-        assert any('" 499 ' in line and "finish=stalled" in line for line in log.splitlines())  # the access log
+        stalled = [line for line in log.splitlines() if '" 499 ' in line and "finish=stalled" in line]
+        assert stalled, "no access-log line for the stalled stream"
+        # it names the tokens made before the stall (what the key was charged), not 0
+        made = int(re.search(r"completion=(\d+)", stalled[0]).group(1))
+        assert made > 0, stalled[0]
         metrics = httpx.get(srv.base + "/metrics", timeout=10).text
         assert 'finish_reason="cancelled"' in metrics
     finally:

@@ -301,10 +301,14 @@ class _Answer:
             self.on_finish(first.reply, first.event, self.prep.request.prompt_tokens, first.parsed)
 
     def log(self, request, status: int, *, event=None, finish: str | None = None) -> None:
-        """The access-log line: ``event`` the final one (none for a client that left); a failure
-        (``finish`` given) is logged with no completion tokens."""
+        """The access-log line: ``event`` the final one (none for a client that left or stalled).
+        A reply that did not finish (``finish`` given, or no final event) is logged with the
+        tokens its lanes made before it ended: what the key is charged for it."""
         req = self.prep.request
-        completion = 0 if finish is not None or event is None else event.completion_tokens
+        if finish is None and event is not None:
+            completion = event.completion_tokens
+        else:
+            completion = sum(c.generated for c in self.choices)
         log_generation(request, status=status, model=self.prep.runtime.name, qos=req.qos,
                        prompt_tokens=len(req.prompt_tokens), arrived=req.arrived, completion_tokens=completion,
                        timings=event.timings if event is not None else {},
