@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from tools.bench.basert_reference import PROMPTS, compare  # noqa: E402
+from tools.bench.basert_reference import PROMPTS, compare
 
 pytestmark = pytest.mark.slow
 

@@ -6,17 +6,11 @@ reply length, the same greedy tokens."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.bench import bare, cli, report  # noqa: E402
-from tools.bench.runner import Settings, Target, run  # noqa: E402
+from tools.bench import bare, cli, report
+from tools.bench.runner import Settings, Target, run
 
 PROMPTS = [
     "<|im_start|>user\nExplain what a compiler does.<|im_end|>\n<|im_start|>assistant\n",

@@ -4,18 +4,12 @@ server, its resources sampled (python -m tools.chaos --scenarios soak runs the 3
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.chaos import runner  # noqa: E402
-from tools.chaos.common import PASS  # noqa: E402
-from tools.chaos.scenarios import soak  # noqa: E402
+from tools.chaos import runner
+from tools.chaos.common import PASS
+from tools.chaos.scenarios import soak
 
 pytestmark = pytest.mark.slow
 

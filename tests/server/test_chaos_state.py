@@ -6,18 +6,12 @@ their state, each followed by a restart on the same state dir."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.chaos import runner  # noqa: E402
-from tools.chaos.common import PASS  # noqa: E402
-from tools.chaos.scenarios import disk_full, kill_mid_write  # noqa: E402
+from tools.chaos import runner
+from tools.chaos.common import PASS
+from tools.chaos.scenarios import disk_full, kill_mid_write
 
 pytestmark = pytest.mark.slow
 

@@ -4,18 +4,13 @@ small workloads, and agents + chat against a superfluid without QoS, which must 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.suite import report, runner  # noqa: E402
-from tools.suite.common import ERROR, FAIL, NA, PASS, Outcome  # noqa: E402
-from tools.suite.scenarios import ALL, BY_KEY  # noqa: E402
+from tools.suite import report, runner
+from tools.suite.common import ERROR, FAIL, NA, PASS, Outcome
+from tools.suite.scenarios import ALL, BY_KEY
 
 pytestmark = pytest.mark.slow
 

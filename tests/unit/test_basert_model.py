@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import attrs
@@ -21,9 +20,6 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")

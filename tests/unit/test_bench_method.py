@@ -6,18 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # plain `pytest` as well as `python -m pytest`
-    sys.path.insert(0, str(ROOT))
-
-from tools.bench import method, prompts, report  # noqa: E402
-from tools.bench.runner import Results, Settings, Target, ThroughputRound, run  # noqa: E402
+from tools.bench import method, prompts, report
+from tools.bench.runner import Results, Settings, Target, ThroughputRound, run
 
 FAKE_TOKENS = 16  # the fake's usage.completion_tokens, fixed
 FAKE_DELAY = 0.1  # seconds the fake takes to answer a completion

@@ -4,16 +4,9 @@ synthetic arrival instants."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.bench import smoothness  # noqa: E402
+from tools.bench import smoothness
 
 
 def test_gaps_are_consecutive_differences():

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.chaos import report  # noqa: E402
-from tools.chaos.common import FAIL, PASS, Outcome  # noqa: E402
-from tools.chaos.scenarios import soak  # noqa: E402
+from tools.chaos import report
+from tools.chaos.common import FAIL, PASS, Outcome
+from tools.chaos.scenarios import soak
 
 MIB = 1 << 20
 
