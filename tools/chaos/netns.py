@@ -5,7 +5,8 @@ dropping their packets, and a userspace relay that delays and loses what crosses
   private /24 that no route on the host uses yet. :meth:`Net.cut` puts the ``blackhole`` qdisc
   on both ends of the pair: every packet either side sends is dropped while both links stay up
   (no RST, no FIN, no "link down" for anyone to notice). :meth:`Net.heal` deletes it again.
-  Everything made is deleted by :meth:`Net.delete`, whatever state it is in.
+  Everything made is deleted by :meth:`Net.delete`, whatever state it is in; what a run that was
+  killed could not delete, the next one does (:func:`sweep_dead_runs`).
 * :class:`Relay`: a TCP relay inside a node's namespace (a thread of this process that joined
   it with ``setns``), listening on the node's address, forwarding to the node over the
   namespace's loopback. The head reaches that node through it, across the veth, so a cut drops
@@ -26,6 +27,7 @@ import ctypes
 import ipaddress
 import os
 import random
+import re
 import shutil
 import subprocess
 import threading
@@ -73,12 +75,35 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.7.0/24 for the namespaces")
 
 
+RUN_NAME = re.compile(r"^sfc(\d+)[nh](\d+)$")  # a run's namespace (n) or host link (h), by its pid
+
+
+def sweep_dead_runs() -> list[str]:
+    """Delete the namespaces and host links of runs whose process is gone (a run killed with
+    SIGKILL cannot delete its own); the names deleted. A link's peer goes with it."""
+    names = sh("ip", "netns", "list", check=False).stdout.split()
+    names += [w.split("@")[0] for w in sh("ip", "-br", "link", check=False).stdout.split()]
+    gone = []
+    for name in sorted(set(names)):
+        m = RUN_NAME.match(name)
+        if m is None or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        if name[len("sfc") + len(m.group(1))] == "h":
+            sh("ip", "link", "del", name, check=False)
+        else:
+            sh("ip", "netns", "del", name, check=False)
+        gone.append(name)
+    return gone
+
+
 class Net:
     """Namespaces ``sfc<pid>n<i>``, each with a veth pair ``sfc<pid>h<i>`` (host) / ``...n<i>``
-    (inside); node ``i`` is ``10.K.7.(4i+2)``, its host end ``10.K.7.(4i+1)``, a /30 each."""
+    (inside); node ``i`` is ``10.K.7.(4i+2)``, its host end ``10.K.7.(4i+1)``, a /30 each. The
+    pid names the run, so a later run can tell a dead run's leftovers (:func:`sweep_dead_runs`)."""
 
     def __init__(self) -> None:
-        self.tag = f"sfc{os.getpid() % 100000}"
+        sweep_dead_runs()
+        self.tag = f"sfc{os.getpid()}"  # at most 15 characters with the suffix (a link name's limit)
         self.subnet = free_subnet()
         self.made: list[int] = []
         self.cut_now: set[int] = set()
