@@ -106,6 +106,29 @@ async def sse_data(content: aiohttp.StreamReader):
         yield payload
 
 
+STREAM_DONE = object()  # what sse_events yields for ``data: [DONE]``, as its last item
+
+
+async def sse_events(content: aiohttp.StreamReader):
+    """The JSON objects of a server-sent-events body's ``data:`` lines, then :data:`STREAM_DONE`
+    if it ended with ``[DONE]`` (a stream cut short ends without it). Payloads that are not a JSON
+    object are skipped: a client judging a stream by its events has nothing to take from them."""
+    async for raw in content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            yield STREAM_DONE
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
 def _has_content(chunk: Any) -> bool:
     """A chunk carrying generated text: content, or reasoning_content for servers
     that split a thinking model's reasoning out of content."""

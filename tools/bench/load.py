@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from .client import STREAM_DONE, sse_events
+
 AUTH_METRIC = "superfluid_http_auth_seconds"
 LIMITS = {  # the --make-keys policy: key index -> its limits (the others are unlimited)
     0: {"requests-per-minute": 30},
@@ -130,21 +132,10 @@ async def one(session, base, secret, key_name, model, client, n, kind, timeout) 
             result.status = resp.status
             if resp.status == 200 and body["stream"]:
                 done = False
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
+                async for event in sse_events(resp.content):
+                    if event is STREAM_DONE:
                         done = True
-                        continue
-                    try:
-                        event = json.loads(payload)
-                    except ValueError:
-                        continue
-                    if not isinstance(event, dict):
-                        continue
-                    if "error" in event:
+                    elif "error" in event:
                         result.stream_error = True
                         error = event["error"]
                         result.code = error.get("code") if isinstance(error, dict) else None

@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from tools.bench.client import STREAM_DONE, sse_events
 from tools.suite.targets import Server, free_port
 
 from .. import netns
@@ -170,19 +171,11 @@ class Run:
                         r.outcome, r.error = "broken", f"HTTP {resp.status}: {raw[:200]!r}"
                     return
                 done = False
-                async for line in resp.content:
-                    line = line.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
+                async for event in sse_events(resp.content):
+                    if event is STREAM_DONE:
                         done = True
                         break
-                    try:
-                        event = json.loads(payload)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict) and event.get("error"):
+                    if event.get("error"):
                         err = event["error"]
                         r.error = str(err.get("message") if isinstance(err, dict) else err)[:300]
                         continue
