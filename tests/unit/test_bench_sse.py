@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tools.bench.client import STREAM_DONE, sse_events
+from tools.bench.client import STREAM_DONE, sse_data, sse_events
 
 
 async def _lines(*lines: bytes):
@@ -31,3 +31,10 @@ def test_a_stream_cut_short_has_no_done():
 
 def test_payloads_that_are_not_objects_are_skipped():
     assert _events(b"data: not json\n", b"data: [1, 2]\n", b'data: "x"\n', b"data: [DONE]\n") == [STREAM_DONE]
+
+
+def test_sse_data_gives_the_raw_payloads_up_to_done():
+    async def collect():
+        return [p async for p in sse_data(_lines(b": ping\n", b"data: x\n", b"data:{}\n", b"data: [DONE]\n",
+                                                 b"data: after\n"))]
+    assert asyncio.run(collect()) == [b"x", b"{}"]

@@ -94,13 +94,17 @@ async def complete(
     return Completion(completion_tokens=usage["completion_tokens"], sent=sent, done=done)
 
 
-async def sse_data(content: aiohttp.StreamReader):
-    """The ``data:`` payloads of a server-sent-events body, as bytes, up to ``[DONE]``."""
+async def _payloads(content: aiohttp.StreamReader):
+    """Every ``data:`` payload of a server-sent-events body, as bytes, ``[DONE]`` included."""
     async for raw in content:
         line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
+
+
+async def sse_data(content: aiohttp.StreamReader):
+    """The ``data:`` payloads of a server-sent-events body, as bytes, up to ``[DONE]``."""
+    async for payload in _payloads(content):
         if payload == b"[DONE]":
             return
         yield payload
@@ -113,11 +117,7 @@ async def sse_events(content: aiohttp.StreamReader):
     """The JSON objects of a server-sent-events body's ``data:`` lines, then :data:`STREAM_DONE`
     if it ended with ``[DONE]`` (a stream cut short ends without it). Payloads that are not a JSON
     object are skipped: a client judging a stream by its events has nothing to take from them."""
-    async for raw in content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
+    async for payload in _payloads(content):
         if payload == b"[DONE]":
             yield STREAM_DONE
             return
