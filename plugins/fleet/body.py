@@ -55,3 +55,14 @@ def body_model(raw: bytes) -> str | None:
         return None
     model = body.get("model") if isinstance(body, dict) else None
     return model if isinstance(model, str) else None
+
+
+def wants_stream(raw: bytes | None) -> bool:
+    """The body asks for a streamed reply (``"stream": true``)."""
+    if not raw or b'"stream"' not in raw:
+        return False
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(body, dict) and body.get("stream") is True

@@ -31,11 +31,11 @@ import aiohttp
 from aiohttp import web
 
 from . import metrics as metrics_page
-from .body import QOS_HEADER, body_class, body_model, carry_class, parses
+from .body import QOS_HEADER, body_class, body_model, carry_class, parses, wants_stream
 from .dashboard_routes import DashboardRoutes
 from .metrics import HeadMetrics
 from .nodes import NodeMonitor
-from .relay import NotStarted, Relay, Unreachable, error, forward_headers, wants_stream
+from .relay import NotStarted, Relay, Unreachable, error, forward_headers
 from .session_routes import SessionRoutes
 from .smg import Smg
 
@@ -93,7 +93,7 @@ class FleetApp:
             node = self.monitor.nodes.get(url)
             # whole answers say where they are only when they end: resend the waiting ones only if
             # SMG (its last /workers) had more requests on the node than the head knows of there
-            load = (getattr(self.smg, "workers", None) or {}).get(url, {}).get("load")
+            load = self.smg.workers.get(url, {}).get("load")
             wholes = not isinstance(load, int) or load > self.relay.held_by(url)
             self.relay.node_lost(url, node.last_error if node else "no longer listed", wholes=wholes)
         self._healthy = now

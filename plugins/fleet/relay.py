@@ -33,6 +33,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
+from .body import wants_stream
 from .metrics import HeadMetrics
 
 log = logging.getLogger("superfluid.fleet")
@@ -95,16 +96,6 @@ class Flow:
             self.upstream.content.set_exception(NodeLost(self.lost))  # wakes the pending read
         elif self.pending is not None:
             self.pending.cancel()
-
-
-def wants_stream(raw: bytes | None) -> bool:
-    if not raw or b'"stream"' not in raw:
-        return False
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(body, dict) and body.get("stream") is True
 
 
 HOLD_LIMIT = 1 << 20  # a stream that sends this much before a token is relayed as it is

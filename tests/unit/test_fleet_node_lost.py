@@ -201,7 +201,7 @@ def test_a_non_streamed_call_is_not_interrupted_by_another_nodes_loss():
 def test_the_head_ends_the_streams_of_each_node_that_leaves_the_healthy_set():
     monitor = SimpleNamespace(nodes={NODE_X: SimpleNamespace(last_error="/health did not answer within 2 s"),
                                      NODE_Y: SimpleNamespace(last_error=None)})
-    app = FleetApp(SimpleNamespace(), monitor, HeadMetrics(), "round_robin")
+    app = FleetApp(SimpleNamespace(workers={}), monitor, HeadMetrics(), "round_robin")
     lost: list[tuple[str, str]] = []
     app.relay.node_lost = lambda url, why, wholes: lost.append((url, why, wholes)) or 0
     app.nodes_changed([NODE_X, NODE_Y])
