@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import datetime
 import functools
+import json
 from typing import NamedTuple
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 import jinja2.sandbox
 
 from .errors import InvalidRequest
@@ -19,36 +22,79 @@ def _raise(message: str):
     raise InvalidRequest(f"chat template: {message}", param="messages")
 
 
-@functools.lru_cache(maxsize=16)
+class _GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: the assistant's own text, which transformers
+    tracks for training masks; rendering it is rendering its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+@functools.lru_cache(maxsize=64)
 def _compile(template: str) -> jinja2.Template:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=["jinja2.ext.loopcontrols"])
+    """The template compiled in the environment transformers' ``apply_chat_template`` uses, so
+    that every model renders exactly as its makers render it."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(template)
 
 
-def _tojson(value, indent=None, ensure_ascii=False, **_):
-    import json
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' ``tojson``: JSON as ``json.dumps`` writes it (non-ASCII kept), with its
+    ``indent``, ``separators`` and ``sort_keys``; unlike jinja2's own, nothing HTML-escaped."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str = "",
                 eos_token: str = "", add_generation_prompt: bool = True,
-                tools: list | None = None, **extra) -> str:
-    """The prompt text for ``messages``; a model without a template cannot chat."""
+                tools: list | None = None, documents: list | None = None,
+                continue_final_message: bool = False, **extra) -> str:
+    """The prompt text for ``messages``, as transformers' ``apply_chat_template`` renders it:
+    ``tools``, ``documents``, ``add_generation_prompt`` and every extra variable (a request's
+    ``chat_template_kwargs``) are the template's; ``continue_final_message`` ends the text where
+    the last message's content ends, so that the model goes on writing it. A model without a
+    template cannot chat: the error names the options that give it one."""
     if not template:
-        raise InvalidRequest("this model has no chat template; use /v1/completions with a raw prompt",
-                             param="messages", code="chat_template_missing")
+        raise InvalidRequest("this model has no chat template: start it with --chat-template-file PATH or "
+                             "--chat-template NAME (see `superfluid template list`), or use /v1/completions "
+                             "with a raw prompt", param="messages", code="chat_template_missing")
     try:
-        return _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+        text = _compile(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                          add_generation_prompt=add_generation_prompt, tools=tools,
-                                         **extra)
+                                         documents=documents, **extra)
     except InvalidRequest:
         raise
     except jinja2.TemplateError as exc:
         raise InvalidRequest(f"chat template failed: {exc}", param="messages") from None
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        raise InvalidRequest(f"chat template failed on these messages: {exc}", param="messages") from None
+    if continue_final_message:
+        text = _cut_after_final(text, messages)
+    return text
+
+
+def _cut_after_final(text: str, messages: list[dict]) -> str:
+    """The rendered text up to the end of the last message's content (transformers' rule)."""
+    last = messages[-1].get("content") if messages else None
+    if isinstance(last, list):
+        last = "".join(p.get("text", "") for p in last if isinstance(p, dict))
+    if not last:
+        return text
+    cut = text.rfind(last.strip())
+    if cut < 0:
+        raise InvalidRequest("continue_final_message: the template does not render the last message's "
+                             "content as sent", param="messages")
+    end = cut + len(last.strip())
+    if text[end:end + len(last) - len(last.rstrip())] == last[len(last.rstrip()):]:
+        end += len(last) - len(last.rstrip())
+    return text[:end]
 
 
 class TemplateCaps(NamedTuple):

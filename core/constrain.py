@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .request import JsonConstraint, SamplingParams
+from .request import TEXT_VALUE, JsonConstraint, SamplingParams
 
 log = logging.getLogger("superfluid.constrain")
 
@@ -67,11 +67,21 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _choice_body(choice) -> str:
+    """One :class:`~.request.JsonChoice` as a Lark sequence: its lead, its value, its rest."""
+    pieces = [_literal(choice.lead)] if choice.lead else []
+    if choice.schema == TEXT_VALUE:
+        pieces.append(r"/[^<\n]+/")
+    elif choice.schema is not None:
+        pieces.append(_json_value(choice.schema))
+    for part in choice.rest:
+        body = _choice_body(part)
+        pieces.append(f"({body})?" if part.optional else body)
+    return " ".join(pieces) or '""'
+
+
 def _constraint_body(constraint: JsonConstraint) -> str:
-    parts = []
-    for choice in constraint.choices:
-        lead = _literal(choice.lead) + " " if choice.lead else ""
-        parts.append(lead + _json_value(choice.schema))
+    parts = [_choice_body(choice) for choice in constraint.choices]
     body = parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
     tail = " " + _literal(constraint.tail) if constraint.tail else ""
     return body + tail

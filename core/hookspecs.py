@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .costs import CostModel
     from .daemon import Daemon
     from .engine import EngineCapabilities, EngineFactory
+    from .formats.family import ReasoningFormat, ToolFormat
     from .lane import Lane
     from .pressure import PressureSource
     from .settings import SchedulerSettings
@@ -84,6 +85,20 @@ def superfluid_add_engines(register: Callable[[str, EngineFactory], None]) -> No
     :param register: takes the name a model's ``engine`` key selects and a factory;
         ``factory(model=ModelConfig, config=Config)`` returns an unstarted
         :class:`~superfluid.core.engine.Engine`. A name registered twice is an error."""
+
+
+@hookspec
+def superfluid_add_chat_formats(register: Callable[[ToolFormat | ReasoningFormat], None]) -> None:
+    """Register chat formats: how a model family writes tool calls and reasoning.
+
+    :param register: takes a :class:`~superfluid.core.formats.family.ToolFormat` (a family's
+        tool-call syntax: how its template is recognised, how calls are read from a reply and
+        how one is written for a forced call) or a
+        :class:`~superfluid.core.formats.family.ReasoningFormat` (a thinking span's markers).
+        A model's ``tool-call-parser`` and ``reasoning-parser`` options select them by name;
+        ``auto`` detects them from the model's chat template (the highest score wins). A name
+        registered twice is an error. Called once on the main thread at startup (and by
+        ``superfluid template``)."""
 
 
 @hookspec

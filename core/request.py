@@ -18,14 +18,24 @@ def new_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{next(_ids):08d}-{int(time.time() * 1000) % 100000:05d}"
 
 
+#: a JsonChoice ``schema`` that stands for plain text rather than a JSON value: a run of characters
+#: without ``<`` or a line break (a string parameter in an XML-parameter call, written raw)
+TEXT_VALUE = {"x-superfluid": "text"}
+
+
 @attrs.define(frozen=True)
 class JsonChoice:
     """One way a constrained reply may go: the literal text ``lead``, then one JSON value that
-    ``schema`` (a JSON Schema, not to be mutated) accepts. The schema takes no part in the hash,
-    so the value stays hashable (engines cache what they build from it); equality compares it."""
+    ``schema`` (a JSON Schema, not to be mutated) accepts (None: no value; :data:`TEXT_VALUE`:
+    plain text), then the pieces of ``rest`` in order. ``optional``: as a piece of another
+    choice's ``rest``, it may be left out whole (an optional parameter). The schema takes no part
+    in the hash, so the value stays hashable (engines cache what they build from it); equality
+    compares it."""
 
     lead: str
-    schema: dict = attrs.field(hash=False)
+    schema: dict | None = attrs.field(hash=False)
+    rest: tuple["JsonChoice", ...] = ()
+    optional: bool = False
 
 
 @attrs.define(frozen=True)
