@@ -85,3 +85,6 @@ class Hermes(ToolFormat):
             if pos < len(text):
                 return (text, None) if not partial else ("", calls)
             return "", calls
+
+
+FORMATS = (Hermes(),)

@@ -8,3 +8,5 @@ THINK = ReasoningFormat("think", "<think>", "</think>",
                         "<think>...</think> (Qwen3, QwQ, DeepSeek R1, GLM, MiniMax, Kimi, Nemotron, SmolLM3)")
 
 REASONING_FORMATS = (THINK,)
+
+FORMATS = REASONING_FORMATS
