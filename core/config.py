@@ -94,11 +94,17 @@ def core_options() -> list[Option]:
                "system prompt) whose cached KV is evicted last; repeat for several",
                lambda v: None if all(isinstance(x, str) and x for x in v) else "must be non-empty strings",
                model_scoped=True, metavar="TEXT"),
+        Option("chat-template-file", str, None, "a Jinja chat template file that replaces the model's own (or "
+               "gives one to a model without)", model_scoped=True, metavar="PATH"),
+        Option("chat-template", str, None, "a built-in chat template by name that replaces the model's own "
+               "(`superfluid template list` names them)", model_scoped=True, metavar="NAME"),
+        Option("tool-call-parser", str, "auto", "how tool calls are read from the model's replies: a family's "
+               "format by name (`superfluid template list`), 'none', or 'auto' (detected from the chat template)",
+               model_scoped=True, metavar="NAME"),
         Option("reasoning-parser", str, "auto", "how a reasoning model's reply is split into its reasoning and "
-               "its answer: 'think' (a <think>...</think> span opens the reply: Qwen3, DeepSeek-R1), 'none' (all "
-               "answer), 'auto' (think when the chat template mentions <think>, else none)",
-               lambda v: None if v in ("auto", "none", "think") else "must be auto, none or think",
-               model_scoped=True, metavar="auto|none|think"),
+               "its answer: a family's span by name ('think' for <think>...</think>; `superfluid template list`), "
+               "'none' (all answer), or 'auto' (detected from the chat template)",
+               model_scoped=True, metavar="NAME"),
         Option("threads", int, 0, "engine compute threads (0: one per physical core)", in_range(0, 512),
                model_scoped=True, metavar="N"),
         Option("state-dir", str, None, "directory for session logs and park artifacts; sessions and their "

@@ -16,6 +16,8 @@ from .config import CORE_OPTIONS, Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
 from .errors import ModelNotFound, ServiceUnavailable
+from .formats.registry import load as load_formats
+from .formats.setup import ChatSetup, chat_setup
 from .loop import ModelLoop
 from .plugins import check_required_hooks
 from .settings import SchedulerSettings
@@ -32,6 +34,7 @@ class ModelRuntime:
     engine: Engine
     loop: ModelLoop
     state: str = "ready"  # ready | unloading
+    chat: ChatSetup | None = None  # its chat template and reply formats (None: a model built by hand)
 
     @property
     def name(self) -> str:
@@ -59,6 +62,7 @@ class Daemon:
         check_required_hooks(pm)
         self.registry = EngineRegistry()
         self.hook.superfluid_add_engines(register=self.registry.add)
+        self.formats = load_formats(pm)
         self.sessions = SessionStore(CORE_OPTIONS.of(config).state_dir)
         self.sessions.recover()
         self._seal_locks: dict[str, threading.Lock] = {}  # one seal at a time per session
@@ -72,9 +76,19 @@ class Daemon:
                 mc.name = mc.name or DEFAULT_MODEL_NAME
             self.load_model(mc, progress)
 
+    def chat_setup(self, mc: ModelConfig, own_template: str | None) -> ChatSetup:
+        """A model's chat template and reply formats, from its options (settled before it loads,
+        so a bad template file is refused without loading the weights first, and after)."""
+        core = CORE_OPTIONS.of(mc)
+        return chat_setup(own_template, self.formats, template_file=core.chat_template_file,
+                          template_name=core.chat_template, tool_parser=core.tool_call_parser,
+                          reasoning_parser=core.reasoning_parser)
+
     def load_model(self, mc: ModelConfig, progress: Callable[[str], None] | None = None) -> ModelRuntime:
+        self.chat_setup(mc, None)  # the options themselves are valid
         engine = self.registry.create(mc.engine, model=mc, config=self.config)
         engine.start(progress)
+        chat = self.chat_setup(mc, engine.info.chat_template)
         caps = engine.capabilities
         core = CORE_OPTIONS.of(mc)
         settings = SchedulerSettings(
@@ -91,10 +105,14 @@ class Daemon:
         self.hook.superfluid_add_pressure_sources(register=sources.append, config=self.config)
         loop = ModelLoop(mc.name, engine, self.hook, settings, pressure_sources=sources)
         loop.start()
-        runtime = ModelRuntime(config=mc, engine=engine, loop=loop)
+        runtime = ModelRuntime(config=mc, engine=engine, loop=loop, chat=chat)
         self.models[mc.name] = runtime
         log.info("model %s ready: engine %s, %d lanes, context %d", mc.name, mc.engine,
                  caps.max_lanes, caps.context_length)
+        formats = chat.detected
+        log.info("model %s chat template: %s; tool calls: %s (%s); reasoning: %s (%s)", mc.name, chat.source,
+                 formats.tool_format.name if formats.tool_format else "none", formats.tool_source,
+                 formats.reasoning.name if formats.reasoning else "none", formats.reasoning_source)
         return runtime
 
     def get(self, name: str | None) -> ModelRuntime:

@@ -39,10 +39,15 @@ class FormatRegistry:
     def __init__(self):
         self.tool_formats: dict[str, ToolFormat] = {}
         self.reasoning_formats: dict[str, ReasoningFormat] = {}
+        self.templates: dict[str, object] = {}  # NamedTemplate by name
 
-    def add(self, fmt: ToolFormat | ReasoningFormat) -> None:
-        """Register a format; its name must be new among formats of its kind."""
-        table = self.reasoning_formats if isinstance(fmt, ReasoningFormat) else self.tool_formats
+    def add(self, fmt) -> None:
+        """Register a :class:`ToolFormat`, a :class:`ReasoningFormat` or a named chat template
+        (:class:`~.setup.NamedTemplate`); its name must be new among those of its kind."""
+        from .setup import NamedTemplate
+
+        table = (self.reasoning_formats if isinstance(fmt, ReasoningFormat)
+                 else self.templates if isinstance(fmt, NamedTemplate) else self.tool_formats)
         if fmt.name in table or fmt.name in (AUTO, NONE):
             raise ConfigError(f"chat format {fmt.name!r} is registered twice (or is a reserved name)")
         table[fmt.name] = fmt
@@ -60,6 +65,14 @@ class FormatRegistry:
         except KeyError:
             raise ConfigError(f"unknown reasoning-parser {name!r}; known: "
                               + ", ".join(sorted(self.reasoning_formats) + [AUTO, NONE])) from None
+
+    def template(self, name: str) -> str:
+        """The text of a named chat template (``chat-template NAME``)."""
+        try:
+            return self.templates[name].template
+        except KeyError:
+            raise ConfigError(f"unknown chat-template {name!r}; known: {', '.join(sorted(self.templates)) or 'none'} "
+                              "(or give a file with chat-template-file)") from None
 
     def detect_tool_format(self, template: str | None) -> ToolFormat | None:
         if not template:
