@@ -85,6 +85,9 @@ class ToolFormat(abc.ABC):
 
     #: what closes a call after its arguments
     call_tail: ClassVar[str] = ""
+    #: a marker that ends a call, which an engine without grammars stops a single forced call at
+    #: (the reply must still read without it: stop strings are not part of the reply); "" for none
+    call_stop: ClassVar[str] = ""
 
     # ---- reasoning formats that are part of the syntax ---------------------------------------
 

@@ -11,7 +11,7 @@ import os
 
 import attrs
 
-from ..request import JsonChoice, JsonConstraint
+from ..request import TEXT_VALUE, JsonConstraint
 from .family import ToolFormat
 
 
@@ -29,8 +29,14 @@ def forced_call(fmt: ToolFormat, functions: list[dict], grammars: bool) -> Force
     prefill = os.path.commonprefix([c.lead for c in choices])
     if len(choices) > 1:  # stop the pre-fill before a name's first character, never inside it
         prefill = prefill[:_name_start(prefill, [fn["name"] for fn in functions])]
-    if not grammars:
-        return ForcedCall(prefill, None, (fmt.call_tail,) if fmt.call_tail.strip() else ())
+        prefill = prefill.rstrip(' "')  # a quote opening the name goes with it: the grammar writes both
+    stop = (fmt.call_stop,) if fmt.call_stop else ()
+    if not grammars:  # no grammar to hold the arguments: open their object for the model
+        one = choices[0]
+        if len(choices) == 1 and one.schema not in (None, TEXT_VALUE) and not one.rest:
+            return ForcedCall(one.lead + "{", None, stop)
+        return ForcedCall(prefill, None, stop)
+    prefill = prefill.rstrip(" ")  # a space belongs to the next token: the grammar writes it
     rest = tuple(attrs.evolve(c, lead=c.lead[len(prefill):]) for c in choices)
     return ForcedCall(prefill, JsonConstraint(choices=rest, tail=fmt.call_tail))
 

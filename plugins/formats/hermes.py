@@ -28,6 +28,7 @@ class Hermes(ToolFormat):
     description = "<tool_call>{json}</tool_call> (Hermes 2 Pro, Qwen 2.5, Qwen3, QwQ, SmolLM3)"
     reasoning = None
     call_tail = "}\n" + CLOSE
+    call_stop = CLOSE
 
     def detect(self, template: str) -> int:
         return 10 if OPEN in template and "<function=" not in template else 0

@@ -10,10 +10,14 @@ import pytest
 
 from superfluid.core.chat import template_caps
 from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
-from superfluid.plugins.http.prepare import tool_format, tool_parse, tool_plan, tool_render
+from superfluid.core.formats.stream import StreamReader
+from superfluid.plugins.http.prepare import reply_read, tool_format, tool_plan, tool_render
 from superfluid.plugins.http.typed import parse
 
+from ..unit.fakes import format_registry
 from .test_bad_input import body, post
+
+HERMES = format_registry().tool_format("hermes")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -40,7 +44,12 @@ NATIVE = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t |
 def plan_of(fields: dict, grammars: bool = False):
     """The tool plan of a chat request holding ``fields``."""
     req = parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **fields})
-    return tool_plan.plan(req, grammars=grammars)
+    return tool_plan.plan(req, HERMES, grammars=grammars)
+
+
+def read(text: str, finish: str, tools):
+    """A reply read as the server reads it (Hermes, the tools of ``tools``), in OpenAI's terms."""
+    return reply_read.parsed(reply_read.reader(tools).read(text), finish)
 
 
 def plan(**kw):
@@ -57,18 +66,18 @@ def test_template_caps_are_probed():
 def test_parse_tagged_calls_and_text_around():
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' \
            '<tool_call>{"name": "get_time", "parameters": {"timezone": "CET"}}</tool_call>'
-    got = tool_parse.parse(text, "stop", plan())
+    got = read(text, "stop", plan())
     assert got.content == "Let me check." and got.finish_reason == "tool_calls"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got.calls] == [
         ("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "CET"})]
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in got.calls)
-    assert len(tool_parse.parse(text, "stop", plan(parallel_tool_calls=False)).calls) == 1
+    assert len(read(text, "stop", plan(parallel_tool_calls=False)).calls) == 1
 
 
 def test_parse_bare_json_and_unclosed_call():
-    got = tool_parse.parse('[{"name": "get_time", "arguments": "{\\"timezone\\": \\"UTC\\"}"}]', "stop", plan())
+    got = read('[{"name": "get_time", "arguments": "{\\"timezone\\": \\"UTC\\"}"}]', "stop", plan())
     assert got.content is None and got.calls[0]["function"]["arguments"] == '{"timezone": "UTC"}'
-    got = tool_parse.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', "stop", plan())
+    got = read('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', "stop", plan())
     assert got.calls and got.finish_reason == "tool_calls"
 
 
@@ -78,7 +87,7 @@ def test_parse_bare_json_and_unclosed_call():
     '<tool_call>\n{"name": "get_weather", "arguments": "Paris"}</tool_call>',  # arguments not an object
     '{"name": "Paris"}', 'Plain text answer.'])
 def test_unparseable_calls_are_content(text):
-    got = tool_parse.parse(text, "length", plan())
+    got = read(text, "length", plan())
     assert (got.content, got.calls, got.finish_reason) == (text, [], "length")
 
 
@@ -90,14 +99,15 @@ def test_stream_parser_assembles_to_parse(text):
     tools = plan()
     rng = random.Random(len(text))
     for _ in range(20):
-        parser, sent, i = tool_parse.StreamParser(tools), [], 0
+        stream, sent, i = StreamReader(reply_read.reader(tools)), [], 0
         while i < len(text):
             n = rng.randint(1, 5)
-            sent.append(parser.feed(text[i:i + n]))
+            sent.append(stream.feed(text[i:i + n]).content)
             i += n
-        rest, parsed = parser.finish("stop")
-        assert "".join(sent) + rest == (parsed.content or "")
-        assert parsed.content == tool_parse.parse(text, "stop", tools).content
+        rest, whole = stream.finish()
+        parsed = reply_read.parsed(whole, "stop")
+        assert "".join(sent) + rest.content == (parsed.content or "")
+        assert parsed.content == read(text, "stop", tools).content
 
 
 def test_history_renders_as_text_for_a_template_without_tools():
@@ -296,7 +306,7 @@ def test_forced_call_grammar_follows_the_schema(vocab):
                 ' {"city": "Pa\nris", "days": 3}}\n</tool_call>',   # a raw control character
                 ' {"city": "Paris", "days": 3}}\n</tool_call>\n<tool_call>']:  # a second call
         assert not grammar_takes(vocab, grammar(tools), bad), bad
-    parsed = tool_parse.parse(tools.prefill + good.removesuffix(tool_format.CLOSE), "stop", tools)
+    parsed = read(good.removesuffix(tool_format.CLOSE), "stop", tools)  # the reader adds the pre-fill
     assert json.loads(parsed.calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
 
 

@@ -506,3 +506,14 @@ def lane_plans(engine: FakeEngine, first_token: int):
     """(tick index, LanePlan) for the non-decode plans whose feed starts a prompt of ``first_token``s."""
     return [(i, lp) for i, plan in enumerate(engine.plans_snapshot()) for lp in plan.lanes
             if not lp.decode and lp.feed and lp.feed[0] == first_token]
+
+
+def format_registry():
+    """The chat formats the built-in plugin registers (what a daemon's ``formats`` holds)."""
+    from superfluid.core.formats.registry import FormatRegistry
+    from superfluid.plugins.formats import builtin_formats
+
+    registry = FormatRegistry()
+    for fmt in builtin_formats():
+        registry.add(fmt)
+    return registry

@@ -14,7 +14,13 @@ from superfluid.plugins.http.openai.choices import Choice
 from superfluid.plugins.http.openai.replies import Shape
 from superfluid.plugins.http.prepare.logprob_format import TokenText
 from superfluid.plugins.http.prepare.preparer import Prepared
-from superfluid.plugins.http.prepare.tool_format import ToolPlan
+from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
+from superfluid.plugins.http.prepare import reply_read, tool_plan
+from superfluid.plugins.http.typed import parse
+
+from .fakes import format_registry
+
+HERMES = format_registry().tool_format("hermes")
 
 PIECES = {1: b"Hi", 2: b" there", 3: b"!", 7: b"<s>"}
 TEXT = TokenText(lambda t: PIECES.get(t, b""))
@@ -112,8 +118,10 @@ def test_a_streamed_echo_without_logprobs_opens_with_the_prompt():
 
 def test_a_forced_call_is_parsed_per_choice():
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    plan = ToolPlan(tools=(tool,), choice="function", name="f")
-    p, shape = prep(n=1, tools=plan), Shape("chat", "m")
+    plan = tool_plan.plan(parse(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}],
+                                                        "tools": [tool], "tool_choice": "required"}), HERMES)
+    assert plan.prefill == '<tool_call>\n{"name": "f", "arguments": {'  # no grammar: the object is opened
+    p, shape = prep(n=1, tools=plan, reader=reply_read.reader(plan)), Shape("chat", "m")
     choice = Choice(0, p, shape, TEXT)
     choice.delta(LaneEvent("delta", "r", text='"x": 1}}\n</tool_call>', token_ids=(1,)))
     choice.finish(finished(1))

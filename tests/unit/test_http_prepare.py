@@ -13,6 +13,8 @@ from superfluid.plugins.http.prepare.preparer import Preparer, max_tokens
 from superfluid.plugins.http.prepare.tool_format import CLOSE
 from superfluid.plugins.http.typed import parse
 
+from .fakes import format_registry
+
 KINDS = {"chat": ChatCompletionRequest, "completion": CompletionRequest, "infill": InfillRequest}
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
@@ -50,6 +52,7 @@ class FakeRuntime:
 class FakeDaemon:
     def __init__(self, grammars=True, ctx=64):
         self.runtime = FakeRuntime(grammars, ctx)
+        self.formats = format_registry()
 
     def get(self, name):
         return self.runtime

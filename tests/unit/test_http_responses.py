@@ -7,7 +7,7 @@ import json
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.lane import LaneEvent
 from superfluid.plugins.http.openai.replies import Shape, error_body, server_timings, sse, status_of
-from superfluid.plugins.http.prepare.tool_parse import Parsed
+from superfluid.plugins.http.prepare.reply_read import Parsed
 
 FINISHED = LaneEvent("finished", "r", finish_reason="stop", prompt_tokens=5, completion_tokens=3, cached_tokens=2,
                      timings={"arrived": 1.0, "admitted_at": 1.5, "first_token_at": 2.0, "finished_at": 3.0,

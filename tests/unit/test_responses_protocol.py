@@ -13,7 +13,6 @@ from pydantic import TypeAdapter
 from superfluid.core.errors import InvalidRequest, SuperfluidError
 from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
 from superfluid.plugins.http.openai.replies import Shape
-from superfluid.plugins.http.prepare.tool_parse import stream_deltas
 from superfluid.plugins.http.responses.mapping import chat_request
 from superfluid.plugins.http.responses.objects import ResponseShape
 from superfluid.plugins.http.responses.protocol import ResponsesInputTokensRequest, ResponsesRequest
@@ -208,9 +207,22 @@ def stream(wire: ResponsesWire, chunks: list[dict], usage=CHAT_USAGE) -> list[di
 def chat_chunks(texts: list[str], calls: list | None = None, finish: str = "stop") -> list[dict]:
     shape = Shape("chat", "smollm2")
     out = [shape.chunk(role=True)] + [shape.chunk(text=t) for t in texts]
-    if calls:
-        out.append(shape.chunk(tool_calls=stream_deltas(calls)))
+    for piece in call_pieces(calls):  # each call as it streams: name and half its arguments, then the rest
+        out.append(shape.chunk(tool_calls=[piece]))
     return out + [shape.chunk(finish=finish)]
+
+
+def call_pieces(calls) -> list[dict]:
+    """Chat's ``delta.tool_calls`` entries for ``calls`` as a stream sends them: a call's first
+    piece with its id, name and the first half of its arguments, then the rest of them."""
+    out = []
+    for i, call in enumerate(calls or ()):
+        args = call["function"]["arguments"]
+        half = len(args) // 2
+        out.append({"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": args[:half]}})
+        out.append({"index": i, "function": {"arguments": args[half:]}})
+    return out
 
 
 def accumulated(evs: list[dict], tools=()) -> object:
@@ -251,14 +263,15 @@ def test_function_calls_stream_as_items_after_the_text():
         "response.output_item.added", "response.content_part.added", "response.output_text.delta",
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
         "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
     added = evs[8]
     assert added["output_index"] == 1 and added["item"]["arguments"] == "" and added["item"]["status"] == "in_progress"
     final = evs[-1]["response"]
     call = final["output"][1]
     assert (call["type"], call["call_id"], call["name"], call["arguments"], call["status"]) == (
         "function_call", "call_x1", "get_weather", '{"city": "Oslo"}', "completed")
-    assert call["id"].startswith("fc_") and evs[9]["delta"] == call["arguments"]
+    assert call["id"].startswith("fc_") and evs[9]["delta"] + evs[10]["delta"] == call["arguments"]
     RESPONSE.validate_python(final)
     state = accumulated(evs, tools=[{**WEATHER, "strict": True}])
     assert state._completed_response.output[1].parsed_arguments == {"city": "Oslo"}

@@ -10,7 +10,7 @@ deltas, the parsed tool calls whole, the finish, then the usage chunk that
   back into ``input``), ``stop_reason`` and ``usage``;
 - streamed: ``event: NAME`` / ``data: {...}``: ``message_start``; per block
   ``content_block_start``, ``content_block_delta`` (``text_delta``, ``input_json_delta`` with the
-  arguments whole, since calls are parsed when the reply ends, ``thinking_delta`` for a chunk
+  arguments as they are read (a call's block opens once its name is known), ``thinking_delta`` for a chunk
   carrying ``reasoning_content``), ``content_block_stop``; then ``message_delta`` (stop reason,
   usage) and ``message_stop``. ``ping`` every few seconds while nothing else is sent (a long
   prefill); a failure midway ends with an ``error`` event.
@@ -168,9 +168,11 @@ class AnthropicWire(Wire):
                 out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
-                out += self._start({"type": "tool_use", "id": call.get("id"), "name": function.get("name"),
-                                    "input": {}})
-                out.append(self._delta({"type": "input_json_delta", "partial_json": function.get("arguments") or ""}))
+                if function.get("name") is not None:  # a call's first piece opens its block
+                    out += self._start({"type": "tool_use", "id": call.get("id"), "name": function["name"],
+                                        "input": {}})
+                if function.get("arguments"):  # then its arguments, as they are read
+                    out.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
             if choice.get("finish_reason") is not None:
                 self.finish = choice["finish_reason"]
                 self.stop_string = choice.get("stop_reason")

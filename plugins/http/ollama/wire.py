@@ -82,6 +82,7 @@ class OllamaWire(Wire):
         self.chat = chat
         self.arrived = arrived
         self.finish: str | None = None
+        self._pending: dict[int, tuple[str, str]] = {}  # a streamed call's (name, arguments so far) by index
 
     def _head(self) -> dict:
         return {"model": self.model, "created_at": now_iso()}
@@ -149,10 +150,17 @@ class OllamaWire(Wire):
                                      "done": False}))
                 if delta.get("content"):
                     out.append(line(self._text(delta["content"])))
-                if delta.get("tool_calls"):
+                for call in delta.get("tool_calls") or ():  # pieces of calls: kept until the reply ends
+                    fn = call.get("function") or {}
+                    name, args = self._pending.get(call["index"], ("", ""))
+                    self._pending[call["index"]] = (fn.get("name") or name, args + (fn.get("arguments") or ""))
+                if choice.get("finish_reason") and self._pending:  # Ollama sends calls whole, in one line
+                    calls = [{"function": {"name": name, "arguments": args}}
+                             for name, args in (self._pending[i] for i in sorted(self._pending))]
+                    self._pending = {}
                     out.append(line({**self._head(), "message": {
-                        "role": "assistant", "content": "",
-                        "tool_calls": [self._call(c) for c in delta["tool_calls"]]}, "done": False}))
+                        "role": "assistant", "content": "", "tool_calls": [self._call(c) for c in calls]},
+                        "done": False}))
             else:  # /api/generate: a completion's text, or (unless raw) a chat's content
                 delta = choice.get("delta") or {}
                 if delta.get("reasoning_content"):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..prepare import tool_parse
+from superfluid.core.formats.stream import StreamReader
+
+from ..prepare import reply_read
 from ..prepare.logprob_format import CompletionLogprobs, TokenText, chat_entries, chat_object
 from .replies import Shape
 
@@ -25,13 +27,17 @@ class Choice:
         self.text = text
         self.parts: list[str] = []  # the generated text, as released (a reasoning model's: its answer)
         self.thoughts: list[str] = []  # a reasoning model's reasoning, as released
-        self.thinker = (prep.reasoning.parser() if getattr(prep, "reasoning", None) is not None
+        self.thinker = (prep.reasoning if getattr(prep, "reasoning", None) is not None
                         and shape.kind == "chat" and not prep.score_only else None)
         self.reasoning_tokens = 0  # tokens generated inside the reasoning span
         # the span followed token by token (whatever the deltas' grouping), to count its tokens
         self.counter = prep.reasoning.parser() if self.thinker is not None else None
         self.logprobs: list = []  # the generated tokens' TokenLogprobs (a reply sent whole)
-        self.parser = tool_parse.StreamParser(prep.tools) if prep.stream and prep.tools.active else None
+        reader = getattr(prep, "reader", None)
+        self.reader = reader if reader is not None and reader.active and shape.kind == "chat" \
+            and not prep.score_only else None
+        # a streamed chat read as it comes: content, reasoning and calls as deltas
+        self.stream = StreamReader(self.reader) if self.reader is not None and prep.stream else None
         self.streamed_logprobs = (CompletionLogprobs(text, prep.logprobs)
                                   if prep.stream and shape.kind == "completion" and prep.logprobs is not None else None)
         self.event = None  # the lane's final event, once it finished
@@ -55,17 +61,22 @@ class Choice:
         if self.prep.score_only:  # the one token generated to score the prompt is not the reply's
             return []
         self.generated += len(event.token_ids)
-        thought, answer = self._split(event.text)
         self._count(event.token_ids)
-        self.parts.append(answer)
+        self.parts.append(event.text)
         if not self.prep.stream:
             self.logprobs.extend(event.logprobs)
             return []
-        text = self.parser.feed(answer) if self.parser and answer else answer
         logprobs = self._chunk_logprobs(event.logprobs)
-        if not text and not thought and not (logprobs and event.logprobs):
+        if self.stream is None:
+            if not event.text and not (logprobs and event.logprobs):
+                return []
+            return [self.shape.chunk(text=event.text, index=self.index, logprobs=logprobs)]
+        read = self.stream.feed(event.text)
+        if not read and not (logprobs and event.logprobs):
             return []
-        return [self.shape.chunk(text=text, index=self.index, logprobs=logprobs, reasoning=thought)]
+        self.thoughts.append(read.reasoning)
+        return [self.shape.chunk(text=read.content, index=self.index, logprobs=logprobs, reasoning=read.reasoning,
+                                 tool_calls=[c.openai() for c in read.calls] or None)]
 
     def _count(self, token_ids) -> None:
         """Count the tokens generated inside the reasoning span (its markers included): each
@@ -78,15 +89,6 @@ class Choice:
             thought, answer = self.counter.feed(self.text(token)[0])
             if (was_inside or self.counter.in_span or thought) and not answer:
                 self.reasoning_tokens += 1
-
-    def _split(self, text: str) -> tuple[str, str]:
-        """(reasoning, answer) of a delta's text."""
-        if self.thinker is None:
-            return "", text
-        thought, answer = self.thinker.feed(text) if text else ("", "")
-        if thought:
-            self.thoughts.append(thought)
-        return thought, answer
 
     def _chunk_logprobs(self, logprobs) -> dict | None:
         if self.prep.logprobs is None:
@@ -101,27 +103,22 @@ class Choice:
             event = attrs.evolve(event, completion_tokens=0, finish_reason="length")
         self.event = event
         self.generated = max(self.generated, event.completion_tokens)
-        thought, answer = "", ""
-        if self.thinker is not None:  # what it held back (a cut-off span's end is reasoning)
-            thought, answer = self.thinker.finish()
-            if thought:
-                self.thoughts.append(thought)
-            self.parts.append(answer)
-        if self.prep.tools.active and not self.parser:
-            self.parsed = tool_parse.parse(self.reply, event.finish_reason, self.prep.tools)
+        if self.stream is not None:
+            rest, whole = self.stream.finish()
+            self.parsed = reply_read.parsed(whole, event.finish_reason, self.stream.ids)
+        elif self.reader is not None:
+            rest, self.parsed = None, reply_read.parsed(self.reader.read("".join(self.parts)), event.finish_reason)
+        else:
+            rest = None
+        if self.parsed is not None:
+            self.thoughts = [self.parsed.reasoning]
         if not self.prep.stream:
             return []
         chunks, finish = [], event.finish_reason
-        text = self.parser.feed(answer) if self.parser and answer else answer
-        if thought or text:
-            chunks.append(self.shape.chunk(text=text, index=self.index, reasoning=thought))
-        if self.parser:  # what was held back: the rest of the content, then the calls whole
-            rest, self.parsed = self.parser.finish(finish)
-            if rest:
-                chunks.append(self.shape.chunk(text=rest, index=self.index))
-            if self.parsed.calls:
-                chunks.append(self.shape.chunk(tool_calls=tool_parse.stream_deltas(self.parsed.calls),
-                                               index=self.index))
+        if rest:
+            chunks.append(self.shape.chunk(text=rest.content, index=self.index, reasoning=rest.reasoning,
+                                           tool_calls=[c.openai() for c in rest.calls] or None))
+        if self.parsed is not None:
             finish = self.parsed.finish_reason
         chunks.append(self.shape.chunk(finish=finish, event=event, index=self.index))
         return chunks
@@ -155,7 +152,7 @@ class Choice:
             if top is not None:
                 logprobs = chat_object(chat_entries(self.logprobs, self.text, top))
             return self.shape.choice(self.reply, self.event, self.parsed, index=self.index, logprobs=logprobs,
-                                     reasoning=self.reasoning if self.thinker is not None else None)
+                                     reasoning=self.reasoning or None)
         if top is not None:
             built = CompletionLogprobs(self.text, top)
             if self.prep.echo is not None:

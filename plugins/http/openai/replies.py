@@ -15,7 +15,7 @@ from aiohttp import web
 from superfluid.core.errors import SuperfluidError
 
 from ..errors import error_response, from_exception
-from ..prepare.tool_parse import Parsed
+from ..prepare.reply_read import Parsed
 
 DONE = b"data: [DONE]\n\n"  # the end of an OpenAI stream (infill streams end without it)
 

@@ -17,13 +17,14 @@ import attrs
 
 from superfluid.core.chat import render_chat
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
+from superfluid.core.formats.setup import chat_of
 from superfluid.core.media import MediaSpan
 from superfluid.core.request import Request, new_request_id
 
 from ..keys.auth import applied_class, check_model, note_class, request_key
 from ..openai.chat_protocol import ChatFields
 from ..openai.protocol import CompletionRequest, InfillRequest
-from . import logprob_format, params, response_format, tool_plan
+from . import logprob_format, params, reply_read, response_format, tool_plan
 from ..aliases import Aliases
 from ..images import has_images
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
@@ -31,7 +32,7 @@ from .image_prompt import ImageMarkers, tokenize_with_images
 from .qos_class import batch_invariant, request_class
 from .reasoning import Reasoning, reasoning_of, template_kwargs, thinking_budget
 from .tool_format import ToolPlan
-from .tool_render import render_prompt
+from .tool_render import render_prompt, reply_format
 
 NO_TOOLS = ToolPlan()
 
@@ -50,6 +51,7 @@ class Prepared:
     echo: str | None = None  # a completion's echo: the prompt's text, which the reply starts with
     score_only: bool = False  # max_tokens 0 with echo: one token is generated, then dropped
     reasoning: "Reasoning | None" = None  # a reasoning model's chat: how its reply is split
+    reader: object = None  # a chat's ReplyReader: the reply read into content, reasoning and calls
 
     @property
     def request(self) -> Request:
@@ -140,7 +142,7 @@ class Preparer:
         """The tokens a conversation starting with ``messages`` begins with (no generation
         prompt): e.g. a session's system prompt, to pin its KV."""
         info = runtime.engine.info
-        return _chat_tokens(runtime, render_chat(info.chat_template, messages, bos_token=info.bos_token,
+        return _chat_tokens(runtime, render_chat(chat_of(runtime).template, messages, bos_token=info.bos_token,
                                                  eos_token=info.eos_token, add_generation_prompt=False))
 
     def chat_runtime(self, req, model: str | None = None):
@@ -157,18 +159,29 @@ class Preparer:
     def _chat_prompt(self, req, model: str | None = None):
         """:meth:`chat_prompt` and the rendered prompt's text."""
         runtime = self.chat_runtime(req, model)
-        info = runtime.engine.info
-        tools = tool_plan.plan(req, grammars=getattr(runtime.engine.capabilities, "grammars", False))
+        info, chat = runtime.engine.info, chat_of(runtime)
         markers = ImageMarkers() if has_images(req.messages) else None
         if markers is not None:
             runtime.loop.check_takes_images()
         messages = [m.for_template(markers) for m in req.messages]
-        text = render_prompt(info.chat_template, messages, tools, bos_token=info.bos_token,
-                             eos_token=info.eos_token, add_generation_prompt=True, **template_kwargs(req))
+        kwargs = dict(bos_token=info.bos_token, eos_token=info.eos_token, **template_kwargs(req))
+        fmt = reply_format(chat, self.daemon)
+        grammars = getattr(runtime.engine.capabilities, "grammars", False)
+        tools = tool_plan.plan(req, fmt, grammars)
+        if tools.forced:  # a forced call closes a reasoning span the generation prompt opens
+            opened = _opened_span(chat, messages, tools, kwargs)
+            if opened:
+                tools = tool_plan.plan(req, fmt, grammars, opened=opened)
+        text = render_prompt(chat.template, messages, tools, add_generation_prompt=True, **kwargs)
         if markers is None:
             return runtime, _chat_tokens(runtime, text), tools, (), text
         tokens, spans = tokenize_with_images(runtime, text, markers.images, lambda t: _chat_tokens(runtime, t))
         return runtime, tokens, tools, spans, text
+
+    def chat_text(self, req, model: str | None = None) -> str:
+        """The prompt text a chat request renders to (tools, images' markers and a forced call's
+        pre-fill included): what ``/apply-template`` shows."""
+        return self._chat_prompt(req, model)[4]
 
     def chat_prompt_length(self, req, model: str | None = None) -> int:
         """How many tokens a chat request's prompt renders to (tools and images included)."""
@@ -214,7 +227,7 @@ class Preparer:
             runtime, tokens = self._fim_prompt(request, req)
         elif kind == "chat":
             runtime, tokens, tools, media, text = self._chat_prompt(req, model)
-            thinks = reasoning_of(runtime, text)
+            thinks = reasoning_of(runtime, text[:len(text) - len(tools.prefill)])
             if any(span.image.width == 0 for span in media):
                 raise RuntimeError("a chat's images must be loaded (ImageLoader) before it is prepared")
         else:
@@ -233,14 +246,13 @@ class Preparer:
                                 logprobs=asked.logprobs)
         if tools.constraint is not None:  # a forced call: its rest held to the tools' schemas
             sampling = attrs.evolve(sampling, json_schema=tools.constraint)
-            thinks = None  # the reply is the call from its first token: nothing to parse out
         elif asked.json is not None:  # response_format: the whole reply held to its schema
             sampling = attrs.evolve(sampling, json_schema=asked.json)
             thinks = None
         elif asked.grammar:  # llama-server's grammar: the reply held to a GBNF grammar
             sampling = attrs.evolve(sampling, grammar=asked.grammar)
-        if tools.prefill:
-            thinks = None
+        if tools.prefill and thinks is not None and not thinks.inside:
+            thinks = None  # the reply is the call from its first token: no span to read
         sampling = thinking_budget(req, runtime, thinks, sampling)
         stop = params.stop_strings(req) + tools.stop
         named = getattr(req, "model", None) or model
@@ -260,7 +272,7 @@ class Preparer:
         echo = _echo_text(runtime, tokens) if asked.echo else None
         return Prepared(kind=kind, runtime=runtime, requests=requests, tools=tools, stream=stream,
                         include_usage=include_usage, logprobs=asked.logprobs, echo=echo, score_only=limit == 0,
-                        reasoning=thinks)
+                        reasoning=thinks, reader=reply_read.reader(tools, thinks) if kind == "chat" else None)
 
 
 @attrs.define(frozen=True)
@@ -315,6 +327,17 @@ def _sibling(first: Request, bridge, index: int) -> Request:
         sampling = attrs.evolve(sampling, seed=seed if seed < 1 << 64 else seed - (1 << 64))
     return attrs.evolve(first, id=new_request_id(), sink=bridge.lane(index), sampling=sampling,
                         prompt_logprobs=None, meta={**first.meta, "choice": index})
+
+
+def _opened_span(chat, messages: list[dict], tools, kwargs: dict) -> str:
+    """The end marker of the reasoning span a chat's generation prompt opens ("" if none): what a
+    forced call's pre-fill writes first, so the call is read as the answer, not as thinking."""
+    fmt = chat.detected.reasoning
+    if fmt is None:
+        return ""
+    plain = attrs.evolve(tools, prefill="")
+    text = render_prompt(chat.template, messages, plain, add_generation_prompt=True, **kwargs)
+    return fmt.end if fmt.opened_by(text) else ""
 
 
 def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = None) -> dict:

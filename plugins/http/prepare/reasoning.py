@@ -1,6 +1,7 @@
-"""A reasoning model's chat, prepared: which parser splits its reply (the model's
-``reasoning-parser``, "auto" from its chat template), the template variables that switch its
-thinking on or off (``enable_thinking``), and the thinking budget its sampling enforces
+"""A reasoning model's chat, prepared: the span its reply opens with (the model's
+``reasoning-parser``, detected from its chat template when "auto", settled when the model loaded:
+:mod:`superfluid.core.formats.setup`), the template variables that switch its thinking on or off
+(``enable_thinking``), and the thinking budget its sampling enforces
 (:mod:`superfluid.core.think_budget`)."""
 
 from __future__ import annotations
@@ -8,20 +9,26 @@ from __future__ import annotations
 import attrs
 
 from superfluid.core import reasoning as reasoning_
-from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import InvalidRequest
+from superfluid.core.formats.setup import chat_of
 from superfluid.core.request import ThinkBudget
 
 
 @attrs.define(frozen=True)
 class Reasoning:
-    """How a chat's reply is split into reasoning and answer (:mod:`superfluid.core.reasoning`):
-    the span's markers, and whether the prompt opened it (the reply starts inside)."""
+    """How a chat's reply opens: its family's reasoning span (a
+    :class:`~superfluid.core.formats.family.ReasoningFormat`), and whether the prompt opened it
+    (the reply starts inside)."""
 
-    markers: reasoning_.Markers
+    format: object
     inside: bool = False
 
+    @property
+    def markers(self) -> reasoning_.Markers:
+        return reasoning_.Markers(self.format.start, self.format.end)
+
     def parser(self) -> reasoning_.ReasoningParser:
+        """A token-by-token follower of the span (what counts the reasoning tokens)."""
         return reasoning_.ReasoningParser(self.markers, inside=self.inside)
 
 
@@ -45,20 +52,13 @@ def template_kwargs(req) -> dict:
 
 
 def reasoning_of(runtime, prompt: str) -> Reasoning | None:
-    """How a chat on ``runtime`` whose rendered prompt is ``prompt`` is parsed: the model's
-    ``reasoning-parser`` ("auto": from its chat template), None for a model that does not reason."""
-    config = getattr(runtime, "config", None)
-    try:
-        choice = CORE_OPTIONS.of(config).reasoning_parser if config is not None else "auto"
-    except Exception:  # noqa: BLE001 - a hand-built runtime without the option: auto
-        choice = "auto"
-    if choice == "none":
+    """How a chat on ``runtime`` whose rendered prompt is ``prompt`` opens its reply: the span
+    its model's chat settled on, None for a model that does not reason (or whose tool-call format
+    reads its reasoning itself, as gpt-oss' channels do)."""
+    fmt = chat_of(runtime).detected.reasoning
+    if fmt is None:
         return None
-    markers = (reasoning_.detect(runtime.engine.info.chat_template) if choice == "auto"
-               else reasoning_.PARSERS[choice])
-    if markers is None:
-        return None
-    return Reasoning(markers, inside=reasoning_.starts_inside(prompt, markers))
+    return Reasoning(fmt, inside=fmt.opened_by(prompt))
 
 
 def thinking_budget(req, runtime, thinks: Reasoning | None, sampling):

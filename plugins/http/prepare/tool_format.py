@@ -1,13 +1,17 @@
-"""The tool-call format every part of the tool path agrees on, and one request's plan for it.
+"""One request's plan for tools, and the Hermes text the history falls back to.
 
-Calls are written in the Hermes format (the one Qwen, Hermes and many fine-tunes use):
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``. Validation builds a
-:class:`ToolPlan` (:mod:`.tool_plan`, from a request checked by :mod:`..openai.chat_protocol`), the prompt is rendered from it (:mod:`.tool_render`),
-and replies are parsed against it (:mod:`.tool_parse`). "required" and a named ``tool_choice``
-are forced by pre-filling the assistant reply with the opening of a call; on an engine that can
-constrain sampling, the rest of the call is also held to the tools' ``parameters`` schemas, which
-the plan describes engine-neutrally (:func:`forced_rest`) and the engine turns into its own
-grammar. See docs/api.md, "Tool calls"."""
+Validation builds a :class:`ToolPlan` (:mod:`.tool_plan`, from a request checked by
+:mod:`..openai.chat_protocol`): which tools are offered, whether a call is forced, and in which
+family's syntax the model writes calls (:class:`~superfluid.core.formats.family.ToolFormat`).
+The prompt is rendered from it (:mod:`.tool_render`) and replies are read with that format
+(:mod:`.reply_read`). A forced call ("required" or a named ``tool_choice``) is pre-filled with
+the opening of a call in the family's syntax; on an engine that can constrain sampling, the rest
+is held to the tools' ``parameters`` schemas (:mod:`superfluid.core.formats.forced`). See
+docs/api.md, "Tool calls".
+
+A template that renders no tools gets them described in the Hermes format in its system message
+(:mod:`.tool_render`), and calls in its history written as Hermes text (:func:`call_text`): then
+the model is read with the Hermes format."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import json
 
 import attrs
 
-from superfluid.core.request import JsonChoice, JsonConstraint
+from superfluid.core.request import JsonConstraint
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ANY_OBJECT = {"type": "object"}  # the arguments of a tool that declares no parameters
@@ -23,60 +27,31 @@ ANY_OBJECT = {"type": "object"}  # the arguments of a tool that declares no para
 
 @attrs.define(frozen=True)
 class ToolPlan:
-    """What one chat request does with tools. ``active``: tools are offered and replies parsed."""
+    """What one chat request does with tools. ``active``: tools are offered and replies read for
+    calls, in ``fmt``'s syntax. ``prefill``: the start of the reply written for the model (a
+    forced call's opening); ``constraint``: the forced call's rest; ``stop``: where a reply that
+    may make one call ends, without a constraint."""
 
     tools: tuple[dict, ...] = ()
     choice: str = "none"  # "none" | "auto" | "required" | "function" (forced to ``name``)
     name: str | None = None
     parallel: bool = True
-    constraint: JsonConstraint | None = None  # the forced call's rest after the pre-fill
+    fmt: object = None  # the ToolFormat replies are read with (None: no family writes calls)
+    prefill: str = ""
+    constraint: JsonConstraint | None = None
+    stop: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
-        return bool(self.tools) and self.choice != "none"
+        return bool(self.tools) and self.choice != "none" and self.fmt is not None
 
     @property
     def names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
 
     @property
-    def prefill(self) -> str:
-        """The start of the assistant reply, written for the model: the opening of a call. With a
-        constraint it stops before the arguments (or the name), which the constraint then holds."""
-        if self.constraint is not None:
-            if self.choice == "function":
-                return f'{OPEN}\n{{"name": {json.dumps(self.name, ensure_ascii=False)}, "arguments":'
-            return f'{OPEN}\n{{"name":'
-        if self.choice == "function":
-            return f'{OPEN}\n{{"name": {json.dumps(self.name, ensure_ascii=False)}, "arguments": {{'
-        if self.choice == "required":
-            return f'{OPEN}\n{{"name": "'
-        return ""
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        """One call only: stop at its closing tag instead of letting the model ramble on. Not
-        under a constraint: its grammar ends the call with the tag itself, and a stop string would
-        also match the tag written inside an argument's string value, cutting the call short."""
-        if self.constraint is not None:
-            return ()
-        return (CLOSE,) if self.active and (self.choice == "function" or not self.parallel) else ()
-
-
-def forced_rest(tools: list[dict]) -> JsonConstraint:
-    """What follows the constrained pre-fill (:attr:`ToolPlan.prefill`) of a forced call: for one
-    tool `` {arguments}`` then ``}\\n</tool_call>``; for several, the name first (one of theirs),
-    then that tool's arguments. The arguments follow the tool's ``parameters`` schema."""
-    def schema(fn: dict) -> dict:
-        return fn.get("parameters") or ANY_OBJECT
-
-    fns = [t["function"] for t in tools]
-    if len(fns) == 1:
-        choices = (JsonChoice(" ", schema(fns[0])),)
-    else:
-        choices = tuple(JsonChoice(f' {json.dumps(fn["name"], ensure_ascii=False)}, "arguments": ', schema(fn))
-                        for fn in fns)
-    return JsonConstraint(choices=choices, tail="}\n" + CLOSE)
+    def forced(self) -> bool:
+        return self.active and self.choice in ("function", "required")
 
 
 def arguments(raw) -> object:
@@ -90,6 +65,7 @@ def arguments(raw) -> object:
 
 
 def call_text(name: str, args) -> str:
-    """One call as the model is asked to write it: the canonical form of the history."""
+    """One call in the Hermes format: how a call in the history is written for a template that
+    renders no calls of its own."""
     body = json.dumps({"name": name, "arguments": arguments(args)}, ensure_ascii=False)
     return f"{OPEN}\n{body}\n{CLOSE}"

@@ -1,6 +1,7 @@
-"""A chat prompt with tools, over any chat template.
+"""A chat prompt with tools, over any chat template, and the family syntax its replies are read in.
 
-A template that renders ``tools`` gets them (the model then sees the format it was trained on);
+A template that renders ``tools`` gets them (the model then sees the format it was trained on,
+and its replies are read in its family's syntax, :func:`reply_format`);
 for one that does not, the tools are described in a system message in the Hermes format, and
 tool calls and results in the history are written as text in that same format, so any chat model
 can call tools. The rendering is deterministic, so a turn's prompt starts with the previous
@@ -55,6 +56,24 @@ def _with_system_block(messages: list[dict], tools: ToolPlan) -> list[dict]:
     if messages[0]["role"] == "system":
         return [messages[0] | {"content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
     return [{"role": "system", "content": block}, *messages]
+
+
+HERMES = "hermes"  # the format the fallback system message asks for
+
+
+def reply_format(chat, daemon):
+    """The tool-call format a model's replies are read with (``chat``: its
+    :class:`~superfluid.core.formats.setup.ChatSetup`): its family's, when its template renders
+    the tools (the model is shown its own format) or its ``tool-call-parser`` names one; Hermes
+    when the tools are described by the fallback system message, which asks for Hermes calls."""
+    detected = chat.detected
+    if detected.tool_format is not None and (detected.tool_source != "auto" or
+                                             (chat.template and template_caps(chat.template).tools)):
+        return detected.tool_format
+    if detected.tool_source != "auto" and detected.tool_format is None:
+        return None  # tool-call-parser none: replies are never read for calls
+    formats = getattr(daemon, "formats", None)
+    return formats.tool_formats.get(HERMES) if formats is not None else None
 
 
 def render_prompt(template: str | None, messages: list[dict], tools: ToolPlan, **kw) -> str:

@@ -2,7 +2,7 @@
 routes' generation run writes through.
 
 That run builds OpenAI chat objects (the whole ``chat.completion``, or ``chat.completion.chunk``
-objects as they come: the role, text deltas, the parsed tool calls whole, the finish, then the
+objects as they come: the role, text deltas, tool calls as they are read, the finish, then the
 usage chunk, which :attr:`ResponsesWire.always_usage` asks for). This wire translates them:
 
 - whole: one ``response`` object (:mod:`.objects`);
@@ -53,6 +53,7 @@ class ResponsesWire(Wire):
         self.output: list[dict] = []  # the output items so far, in order
         self._text: dict | None = None  # the message item being streamed
         self._thought: dict | None = None  # the reasoning item being streamed
+        self._calls: dict[int, int] = {}  # a streamed call's index -> its item's output index, until done
         self.finish: str | None = None
         self.final: dict | None = None  # the finished response object
 
@@ -114,6 +115,7 @@ class ResponsesWire(Wire):
                     out += self._call(call)
             if choice.get("finish_reason") is not None:
                 self.finish = choice["finish_reason"]
+                out += self._close_calls()
                 if not any(item["type"] != "reasoning" for item in self.output):
                     out += self._text_delta("")
                 out += self._close_text()
@@ -171,16 +173,34 @@ class ResponsesWire(Wire):
                 self._event("response.output_item.done", output_index=index, item=item)]
 
     def _call(self, call: dict) -> list[bytes]:
-        item = call_item(new_id("fc"), call, "in_progress", arguments="")
-        self.output.append(item)
-        index, arguments = len(self.output) - 1, call["function"]["arguments"]
-        out = [self._event("response.output_item.added", output_index=index, item=item),
-               self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                           delta=arguments)]
-        item.update(arguments=arguments, status="completed")
-        out += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            arguments=arguments),
-                self._event("response.output_item.done", output_index=index, item=item)]
+        """A piece of a streamed call: its first (with the name) adds its item, each piece's
+        arguments are a delta; the item is done when the reply finishes (:meth:`_close_calls`)."""
+        fn = call.get("function") or {}
+        out = []
+        if fn.get("name") is not None:
+            item = call_item(new_id("fc"), {"id": call["id"], "function": {"name": fn["name"], "arguments": ""}},
+                             "in_progress", arguments="")
+            self.output.append(item)
+            self._calls[call["index"]] = len(self.output) - 1
+            out.append(self._event("response.output_item.added", output_index=len(self.output) - 1, item=item))
+        index = self._calls.get(call["index"])
+        if index is None or not fn.get("arguments"):
+            return out
+        item = self.output[index]
+        item["arguments"] += fn["arguments"]
+        out.append(self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                               delta=fn["arguments"]))
+        return out
+
+    def _close_calls(self) -> list[bytes]:
+        out = []
+        for index in self._calls.values():
+            item = self.output[index]
+            item["status"] = "completed"
+            out += [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+        self._calls = {}
         return out
 
     def closing(self, usage_chunk: dict | None) -> list[bytes]:
