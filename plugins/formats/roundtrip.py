@@ -37,7 +37,14 @@ CALLS = (("get_weather", {"city": "Paris"}, "abcDEF123"), ("get_time", {"timezon
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|return|>", "<|call|>", "</s>",
                "<|end_of_text|>", "<end_of_turn>", "<turn|>", "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>",
                "<|endoftext|>", "<seed:eos>", "[e~[", "<|im_end|>", "<|end_of_sentence|>", "<|eot|>",
-               "<|end_of_role|>", "<|im_end_of_text|>", "<|turn_end|>", "[/TOOL_CALLS]")
+               "<|end_of_role|>", "<|im_end_of_text|>", "<|turn_end|>", "[/TOOL_CALLS]",
+               "<|start_header_id|>assistant<|end_header_id|>")
+
+#: template variables some templates need to render at all: none; DeepSeek V3.2's thinking mode
+#: (its prompt otherwise closes a span its history never writes); Firefunction v2's ``functions``
+#: and ``datetime``
+TEMPLATE_KWARGS = ({}, {"thinking": True},
+                   {"functions": json.dumps([t["function"] for t in TOOLS]), "datetime": "2026-12-06 12:00"})
 
 
 @attrs.frozen
@@ -91,9 +98,12 @@ def _render(template: str, messages: list[dict], generation: bool, bos: str, eos
 
 
 def model_output(template: str, reply: dict, *, bos: str = "", eos: str = "", kwargs: dict | None = None,
-                 history: list[dict] | None = None) -> tuple[str, str] | None:
-    """(the generation prompt, the text the model wrote for ``reply``), or None when the
-    template will not render the reply, or renders the earlier turns differently once it follows."""
+                 history: list[dict] | None = None, markers: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """(the generation prompt, the text the model wrote for ``reply``), or None when the template
+    will not render the reply, or renders the earlier turns differently once it follows. A
+    generation prompt that opens (or opens and closes) a reasoning span that the history does not
+    repeat (``markers``: the span's) is taken without those markers: the prompt returned is then
+    the one the history continues."""
     kwargs = kwargs or {}
     history = history if history is not None else [SYSTEM, USER]
     try:
@@ -101,9 +111,17 @@ def model_output(template: str, reply: dict, *, bos: str = "", eos: str = "", kw
         full = _render(template, [*history, reply], False, bos, eos, kwargs)
     except Exception:  # noqa: BLE001 - a template that refuses this shape
         return None
-    if not full.startswith(prompt):
-        return None
-    return prompt, end_of_turn_cut(full[len(prompt):], (eos,))
+    if full.startswith(prompt):
+        return prompt, end_of_turn_cut(full[len(prompt):], (eos,))
+    head, changed = prompt.rstrip(), True
+    while changed:  # the span's markers at the prompt's end, in any order
+        changed = False
+        for marker in markers:
+            if marker and head.endswith(marker):
+                head, changed = head[:-len(marker)].rstrip(), True
+    if head != prompt.rstrip() and full.startswith(head):
+        return head, end_of_turn_cut(full[len(head):].lstrip(), (eos,))
+    return None
 
 
 def expected_message(reply: dict, output: str) -> dict:
@@ -151,24 +169,44 @@ def _loads(text: str):
 def check(template: str, detected: Detected, *, calls: int = 1, reasoning: bool = True,
           bos: str = "", eos: str = "", kwargs: dict | None = None, stream: str | None = None,
           tokenize=None) -> RoundTrip:
-    """The round trip of a reply with ``calls`` calls (0: a plain answer) and reasoning.
-    ``stream``: None reads the output whole; "chars" feeds it a character at a time; "tokens"
-    feeds it as ``tokenize(text) -> list[str]`` pieces it."""
-    for reply in assistant_variants(calls, reasoning):
-        rendered = model_output(template, reply, bos=bos, eos=eos, kwargs=kwargs)
-        if rendered is None:
-            continue
-        prompt, output = rendered
-        if calls and not all(name in output for name, _, _ in CALLS[:calls]):
-            continue  # the template writes this shape of call as nothing: try the next
-        expected = expected_message(reply, output)
-        pieces = None if stream is None else list(output) if stream == "chars" else tokenize(output)
-        got = read_message(detected, prompt, output, pieces=pieces)
-        ok = got == expected
-        return RoundTrip(ok, output, expected, got, "" if ok else "read back differs")
+    """The round trip of a reply with ``calls`` calls (0: a plain answer) and reasoning, in the
+    first conversation (system and user, or user alone), variables (:data:`TEMPLATE_KWARGS`,
+    unless ``kwargs``) and reply shape the template renders. ``stream``: None reads the output
+    whole; "chars" feeds it a character at a time; "tokens" feeds it as
+    ``tokenize(text) -> list[str]`` pieces it."""
+    markers = ()
+    if detected.reasoning is not None:
+        markers = (detected.reasoning.end, detected.reasoning.start)
+    first = None
+    for variables in ((kwargs,) if kwargs is not None else TEMPLATE_KWARGS):
+        for history in ([SYSTEM, USER], [USER]):
+            for reply in assistant_variants(calls, reasoning):
+                rendered = model_output(template, reply, bos=bos, eos=eos, kwargs=variables, history=history,
+                                        markers=markers)
+                if rendered is None:
+                    continue
+                prompt, output = rendered
+                if calls and not all(name in output for name, _, _ in CALLS[:calls]):
+                    continue  # the template writes this shape of call as nothing: try the next
+                expected = expected_message(reply, output)
+                pieces = None if stream is None else list(output) if stream == "chars" else tokenize(output)
+                got = read_message(detected, prompt, output, pieces=pieces)
+                setup = _setup(variables, history)
+                if got == expected:
+                    return RoundTrip(True, output, expected, got, setup)
+                first = first or RoundTrip(False, output, expected, got, f"read back differs ({setup})")
+    if first is not None:
+        return first
     if calls:
         return RoundTrip(False, note="the template renders no call (or not after this conversation)")
     return RoundTrip(False, note="the template renders no reply after this conversation")
+
+
+def _setup(variables: dict, history: list[dict]) -> str:
+    """What a round trip needed beyond a system and a user message ("" if nothing)."""
+    parts = [] if history[0] is SYSTEM else ["no system message"]
+    parts += [f"{k}={'...' if k == 'functions' else v}" for k, v in variables.items()]
+    return ", ".join(parts)
 
 
 def written_call(fmt, function: dict, args: dict) -> str:
@@ -185,12 +223,13 @@ def written_call(fmt, function: dict, args: dict) -> str:
             text += json.dumps(value, ensure_ascii=False)
         return text
 
-    choice = fmt.call_choice(function)
-    text = fill(choice, args)
-    for part in choice.rest:
+    def write(piece) -> str:
         # a piece written for a parameter names it in its lead; an optional one is left out unless given
-        key = getattr(part, "key", None) or next((k for k in args if k in part.lead), None)
-        if part.optional and key is None:
-            continue
-        text += fill(part, args.get(key))
+        key = next((k for k in args if k in piece.lead), None)
+        if piece.optional and key is None:
+            return ""
+        return fill(piece, args.get(key)) + "".join(write(sub) for sub in piece.rest)
+
+    choice = fmt.call_choice(function)
+    text = fill(choice, args) + "".join(write(part) for part in choice.rest)
     return text + fmt.call_tail
