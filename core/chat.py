@@ -104,9 +104,11 @@ class TemplateCaps(NamedTuple):
     tool_calls: bool        # assistant messages' ``tool_calls``
     tool_role: bool         # messages of role "tool"
     object_arguments: bool  # tool_calls want ``arguments`` as an object, not a JSON string
+    short_ids: bool = False  # call ids must be 9 letters and digits (Mistral's templates refuse others)
 
 
 _NEEDLE = "superfluid_probe_7f3a"
+_LONG_ID, _SHORT_ID = "call_superfluidprobe0001", "sfprobe01"
 
 
 def _probe(template: str, messages: list[dict], tools: list | None = None) -> str:
@@ -120,23 +122,38 @@ def _probe(template: str, messages: list[dict], tools: list | None = None) -> st
 @functools.lru_cache(maxsize=16)
 def template_caps(template: str | None) -> TemplateCaps:
     """Probe by rendering: a field the template supports shows its needle in the output (what
-    llama.cpp's minja does too; templates declare nothing, so rendering is the only honest test)."""
+    llama.cpp's minja does too; templates declare nothing, so rendering is the only honest test).
+    Calls are probed with arguments as an object and as a JSON string, with a long id and a
+    9-character one: a template that writes the argument's name only from an object wants
+    objects (XML-parameter and most newer templates), one that writes it only from the string
+    wants strings; a template that renders calls only with a short id wants short ids."""
     if not template:
         return TemplateCaps(False, False, False, False)
     user = {"role": "user", "content": "hi"}
     tool = {"type": "function", "function": {"name": _NEEDLE, "description": "probe",
                                              "parameters": {"type": "object", "properties": {}}}}
     tools = _NEEDLE in _probe(template, [user], [tool])
+    arg = _NEEDLE + "_arg"
 
-    def call(arguments):
+    def call(arguments, call_id):
         return {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": _NEEDLE, "arguments": arguments}}]}
+            {"id": call_id, "type": "function", "function": {"name": _NEEDLE, "arguments": arguments}}]}
 
-    as_string = _probe(template, [user, call('{"%s_arg": 1}' % _NEEDLE)])
-    as_object = _probe(template, [user, call({_NEEDLE + "_arg": 1})])
-    string_ok = f'"{_NEEDLE}_arg"' in as_string and f'\\"{_NEEDLE}_arg' not in as_string
-    object_ok = f'"{_NEEDLE}_arg"' in as_object
-    response = {"role": "tool", "tool_call_id": "call_1", "content": _NEEDLE + "_result"}
-    tool_role = _NEEDLE + "_result" in _probe(template, [user, call({}), response])
+    def renders(arguments) -> tuple[bool, bool]:
+        """(renders the call's argument with a long id, with a short one)."""
+        got = []
+        for call_id in (_LONG_ID, _SHORT_ID):
+            text = _probe(template, [user, call(arguments, call_id)])
+            got.append(arg in text and f'\\"{arg}' not in text)
+        return got[0], got[1]
+
+    object_long, object_short = renders({arg: 1})
+    string_long, string_short = renders('{"%s": 1}' % arg)
+    object_ok, string_ok = object_long or object_short, string_long or string_short
+    short_ids = not (object_long or string_long) and (object_short or string_short)
+    call_id = _SHORT_ID if short_ids else _LONG_ID
+    response = {"role": "tool", "tool_call_id": call_id, "content": _NEEDLE + "_result"}
+    tool_role = _NEEDLE + "_result" in _probe(
+        template, [user, call({arg: 1} if object_ok else '{"%s": 1}' % arg, call_id), response])
     return TemplateCaps(tools=tools, tool_calls=string_ok or object_ok, tool_role=tool_role,
-                        object_arguments=object_ok and not string_ok)
+                        object_arguments=object_ok and not string_ok, short_ids=short_ids)

@@ -59,8 +59,8 @@ def plan(**kw):
 # ---- units ----------------------------------------------------------------------------------
 
 def test_template_caps_are_probed():
-    assert template_caps(CHATML) == (False, False, True, False)
-    assert template_caps(NATIVE) == (True, True, True, True)
+    assert template_caps(CHATML) == (False, False, True, False, False)
+    assert template_caps(NATIVE) == (True, True, True, True, False)
 
 
 def test_parse_tagged_calls_and_text_around():

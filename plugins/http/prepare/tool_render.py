@@ -9,6 +9,7 @@ turn's and the prefix cache serves it. A forced call's pre-fill ends the prompt.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from superfluid.core.chat import render_chat, template_caps
@@ -34,9 +35,10 @@ def _as_text(messages: list[dict], caps, native: bool) -> list[dict]:
                               for c in msg["tool_calls"])
             text = f"{msg['content']}\n{calls}" if msg["content"] else calls
             msg = {k: v for k, v in msg.items() if k != "tool_calls"} | {"content": text}
-        elif msg.get("tool_calls") and caps.object_arguments:
-            msg = msg | {"tool_calls": [c | {"function": c["function"] | {
-                "arguments": arguments(c["function"].get("arguments"))}} for c in msg["tool_calls"]]}
+        elif msg.get("tool_calls") and (caps.object_arguments or caps.short_ids):
+            msg = msg | {"tool_calls": [c | {"id": _call_id(c.get("id"), caps), "function": c["function"] | {
+                "arguments": arguments(c["function"].get("arguments")) if caps.object_arguments
+                else c["function"].get("arguments")}} for c in msg["tool_calls"]]}
         elif msg["role"] == "tool" and not (native and caps.tool_role):
             result = f"<tool_response>\n{msg['content']}\n</tool_response>"
             if not caps.tool_role:  # as a user turn; consecutive results share one
@@ -46,8 +48,19 @@ def _as_text(messages: list[dict], caps, native: bool) -> list[dict]:
                 out.append({"role": "user", "content": result, "_results": True})
                 continue
             msg = msg | {"content": result}
+        elif msg["role"] == "tool" and caps.short_ids:
+            msg = msg | {"tool_call_id": _call_id(msg.get("tool_call_id"), caps)}
         out.append(msg)
     return [{k: v for k, v in m.items() if k != "_results"} for m in out]
+
+
+def _call_id(call_id: str | None, caps) -> str | None:
+    """A call's id as the template takes it: for one that wants 9 letters and digits (Mistral's),
+    a stable digest of the client's id, so a call and its result still match and every turn
+    renders the same prefix."""
+    if not caps.short_ids or call_id is None or (len(call_id) == 9 and call_id.isalnum()):
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
 def _with_system_block(messages: list[dict], tools: ToolPlan) -> list[dict]:
@@ -76,6 +89,16 @@ def reply_format(chat, daemon):
     return formats.tool_formats.get(HERMES) if formats is not None else None
 
 
+def _with_thinking(message: dict) -> dict:
+    """An assistant turn's reasoning also as ``thinking``, the key gpt-oss' and LFM2.5's templates
+    read it from (gpt-oss refuses a call turn with both content and thinking: such a turn keeps
+    its content and drops the thinking, as its template asks)."""
+    thought = message.get("reasoning_content")
+    if thought is None or (message.get("tool_calls") and message.get("content")):
+        return message
+    return message | {"thinking": thought}
+
+
 def render_prompt(template: str | None, messages: list[dict], tools: ToolPlan, **kw) -> str:
     """The prompt text: the template's own tool rendering where it has one, else the Hermes system
     message; then the forced opening of a call, if any."""
@@ -85,6 +108,8 @@ def render_prompt(template: str | None, messages: list[dict], tools: ToolPlan, *
     native = caps.tools
     if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = _as_text(messages, caps, native)
+    if "thinking" in template and any("reasoning_content" in m for m in messages):
+        messages = [_with_thinking(m) for m in messages]
     if tools.active and native:
         text = render_chat(template, messages, tools=list(tools.tools), **kw)
     else:
