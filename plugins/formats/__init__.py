@@ -13,7 +13,7 @@ import pkgutil
 from superfluid.core.hookspecs import hookimpl
 
 #: modules of this package that are not families
-_NOT_FAMILIES = {"roundtrip", "cli", "templates", "setup"}
+_NOT_FAMILIES = {"roundtrip", "cli", "setup"}
 
 
 def builtin_formats() -> list:
@@ -30,3 +30,11 @@ def builtin_formats() -> list:
 def superfluid_add_chat_formats(register):
     for fmt in builtin_formats():
         register(fmt)
+
+
+@hookimpl
+def superfluid_add_commands(register):
+    """``superfluid template …`` (:mod:`.cli`), imported only when a command line is parsed."""
+    from . import cli
+
+    register("template", cli.HELP, cli.add_arguments, cli.run)

@@ -29,6 +29,7 @@ from .manage.sessions import SessionRoutes
 from .openai.embeddings import EmbeddingRoutes
 from .openai.routes import OpenAIRoutes
 from .ollama.routes import OllamaRoutes
+from .openai.apply_template import ApplyTemplateRoutes
 from .openai.tokenize import TokenizeRoutes
 from .options import OPTIONS
 from .responses.routes import ResponsesRoutes
@@ -66,6 +67,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     embeddings.add_to(app)
     OllamaRoutes(daemon, config, openai, embeddings).add_to(app)  # /api/…: Ollama's API (Open WebUI, editors)
     TokenizeRoutes(daemon).add_to(app)
+    ApplyTemplateRoutes(openai).add_to(app)  # /apply-template: the prompt a chat body renders to
     AdminRoutes(daemon).add_to(app)
     InfoRoutes(daemon, aliases).add_to(app)
     events = events if events is not None else EventHub(daemon, keys)

@@ -47,6 +47,10 @@ def _paths() -> dict:
                                   errors=BODY, body=ref("TokenizeRequest"), op_id="tokenize")},
         "/detokenize": {"post": op("the text of token ids", json_body(CONTENT_REPLY, "the text"), errors=BODY,
                                     body=ref("DetokenizeRequest"), op_id="detokenize")},
+        "/apply-template": {"post": op(
+            "the prompt text a chat completion's body renders to (llama-server's shape), tools included",
+            json_body(obj({"prompt": string()}, required=("prompt",)), "the prompt"), errors=BODY,
+            body=ref("ChatCompletionRequest"), op_id="applyTemplate")},
         "/v1/models": {"get": op("the served models", json_body(ref("ModelList"), "the models"),
                                   op_id="listModels")},
         "/v1/models/{id}": {"get": op(
@@ -133,7 +137,7 @@ def _document() -> dict:
         "openapi": OPENAPI_VERSION,
         "info": {"title": "superfluid", "version": "0.1.0",
                  "description": "The OpenAI HTTP API (chat, completions, embeddings), llama.cpp-style "
-                                "/infill, /tokenize and /detokenize, "
+                                "/infill, /tokenize, /detokenize and /apply-template, "
                                 "sessions, admin and info routes. See docs/api.md."},
         "paths": _paths(),
         # with --key-policy every route but /health needs a key; without one, none does

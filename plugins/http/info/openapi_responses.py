@@ -42,6 +42,10 @@ SSE_EVENT = obj({"data": string(description="a JSON chunk, an error object, or [
 _ERROR = obj({"error": obj({"message": string(), "type": string(), "param": nullable(string()),
                             "code": nullable(string())}, required=("message", "type"))},
              required=("error",))
+# a model's chat setup (core.formats.setup.ChatSetup.describe): /v1/models' meta, /api/show's superfluid
+CHAT_SETUP = {"chat_template_source": string(description='"model", "file:PATH", "name:NAME" or "none"'),
+              "tool_call_parser": nullable(string()), "tool_call_parser_source": string(enum=["auto", "option"]),
+              "reasoning_parser": nullable(string()), "reasoning_parser_source": string(enum=["auto", "option"])}
 MODEL_STATE = string(enum=["ready", "unloading", "unloaded", "loading"])
 _CONTEXT = integer(0)
 _MODEL = obj({
@@ -51,7 +55,8 @@ _MODEL = obj({
     "created_at": string(description="RFC 3339"), "max_input_tokens": _CONTEXT, "max_tokens": _CONTEXT,
     "meta": obj({"engine": string(), "path": nullable(string()), "context_length": integer(0),
                  "max_batch": integer(0), "alias_of": string(description="an alias: the model serving it"),
-                 "qos": nullable(string(description="an alias: the class its requests ask for"))})},
+                 "qos": nullable(string(description="an alias: the class its requests ask for")),
+                 **CHAT_SETUP})},
     required=("id", "object"))
 _MODELS = obj({"object": string(enum=["list"]), "data": {"type": "array", "items": ref("Model")},
                "has_more": BOOL, "first_id": nullable(string()), "last_id": nullable(string())},

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import ModelNotFound
+from superfluid.core.formats.setup import chat_of
 
 from ..aliases import Aliases
 from .metrics import METRICS
@@ -40,11 +41,13 @@ class InfoRoutes:
         The context window is given under the names clients read: ``context_length`` (OpenRouter,
         LM Studio), ``max_model_len`` (vLLM), ``context_window``, and Anthropic's model object
         fields (``type``, ``display_name``, ``created_at``, ``max_input_tokens``) so an
-        Anthropic client listing models finds them in the same list."""
+        Anthropic client listing models finds them in the same list. ``meta`` holds superfluid's
+        own: engine, path, lanes, and the chat setup (which template, from where; which formats
+        read its replies) that :meth:`~superfluid.core.formats.setup.ChatSetup.describe` gives."""
         caps = rt.engine.capabilities
         ctx = caps.context_length
         meta = {"engine": rt.config.engine, "path": rt.engine.info.path, "context_length": ctx,
-                "max_batch": caps.max_lanes}
+                "max_batch": caps.max_lanes, **chat_of(rt).describe()}  # its chat template's source, its formats
         if alias is not None:
             meta.update(alias_of=alias.model, qos=alias.qos)
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))

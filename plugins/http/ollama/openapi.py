@@ -6,6 +6,7 @@ under ``/api`` are Ollama's shape (``{"error": "…"}``)."""
 from __future__ import annotations
 
 from ..info.openapi_ops import BODY, GENERATE, QOS_HEADER, errors_shaped, op
+from ..info.openapi_responses import CHAT_SETUP
 from ..info.openapi_schema import integer, json_body, obj, string
 
 _ERROR = obj({"error": string()}, required=("error",))
@@ -58,7 +59,8 @@ def paths() -> dict:
         "/api/show": post("Ollama: one model's details", json_body(obj({
             "modelfile": string(), "parameters": string(), "template": string(), "details": _DETAILS,
             "model_info": {"type": "object"}, "capabilities": {"type": "array", "items": string()},
-            "modified_at": string()}), "the model"), "OllamaShowRequest", "ollamaShow", errors=BODY),
+            "modified_at": string(), "superfluid": obj(CHAT_SETUP)}), "the model"), "OllamaShowRequest", "ollamaShow",
+            errors=BODY),
         "/api/tags": get("Ollama: the served models", json_body(obj({"models": {"type": "array", "items": _MODEL}},
                                                                      required=("models",)), "the models"),
                          "ollamaTags"),

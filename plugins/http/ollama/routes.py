@@ -30,7 +30,9 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
+from superfluid.core.chat import template_caps
 from superfluid.core.errors import InvalidRequest, ModelNotFound
+from superfluid.core.formats.setup import chat_of
 
 from ..aliases import ALIASES, served_name
 from ..body import read_as
@@ -200,10 +202,10 @@ class OllamaRoutes:
             runtime = self._runtime(request, req.which)
         except ModelNotFound:
             raise ModelNotFound(f"model '{req.which}' not found", param="model") from None
-        info, caps = runtime.engine.info, runtime.engine.capabilities
+        info, caps, chat = runtime.engine.info, runtime.engine.capabilities, chat_of(runtime)
         arch = _details(runtime)["family"]
         capabilities = ["completion"] if getattr(caps, "generates", True) else []
-        if info.chat_template and "tools" in info.chat_template:
+        if _calls_tools(chat):
             capabilities.append("tools")
         if getattr(caps, "embeddings", False):
             capabilities.append("embedding")
@@ -213,11 +215,18 @@ class OllamaRoutes:
             capabilities.append("vision")
         ctx = runtime.loop.settings.context_length
         return web.json_response({
-            "modelfile": f"FROM {info.path}\n", "parameters": f"num_ctx {ctx}", "template": info.chat_template or "",
+            "modelfile": f"FROM {info.path}\n", "parameters": f"num_ctx {ctx}", "template": chat.template or "",
             "details": _details(runtime),
             "model_info": {"general.architecture": arch, f"{arch}.context_length": info.n_ctx_train or ctx,
                            f"{arch}.embedding_length": info.n_embd},
-            "capabilities": capabilities, "modified_at": _modified(info.path)})
+            "capabilities": capabilities, "modified_at": _modified(info.path),
+            "superfluid": chat.describe()})  # which template, from where, and the formats its replies are read with
+
+
+def _calls_tools(chat) -> bool:
+    """Whether the model is known to call tools: its replies' tool-call format was detected (or
+    chosen), or its template renders the tools it is offered."""
+    return chat.detected.tool_format is not None or template_caps(chat.template).tools
 
 
 def _modified(path: str) -> str:
