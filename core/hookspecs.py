@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .daemon import Daemon
     from .engine import EngineCapabilities, EngineFactory
     from .formats.family import ReasoningFormat, ToolFormat
+    from .formats.setup import NamedTemplate
     from .lane import Lane
     from .pressure import PressureSource
     from .settings import SchedulerSettings
@@ -88,17 +89,19 @@ def superfluid_add_engines(register: Callable[[str, EngineFactory], None]) -> No
 
 
 @hookspec
-def superfluid_add_chat_formats(register: Callable[[ToolFormat | ReasoningFormat], None]) -> None:
-    """Register chat formats: how a model family writes tool calls and reasoning.
+def superfluid_add_chat_formats(register: Callable[[ToolFormat | ReasoningFormat | NamedTemplate], None]) -> None:
+    """Register chat formats: how a model family writes tool calls and reasoning, and chat
+    templates a model can be given by name.
 
     :param register: takes a :class:`~superfluid.core.formats.family.ToolFormat` (a family's
         tool-call syntax: how its template is recognised, how calls are read from a reply and
-        how one is written for a forced call) or a
-        :class:`~superfluid.core.formats.family.ReasoningFormat` (a thinking span's markers).
-        A model's ``tool-call-parser`` and ``reasoning-parser`` options select them by name;
-        ``auto`` detects them from the model's chat template (the highest score wins). A name
-        registered twice is an error. Called once on the main thread at startup (and by
-        ``superfluid template``)."""
+        how one is written for a forced call), a
+        :class:`~superfluid.core.formats.family.ReasoningFormat` (a thinking span's markers) or
+        a :class:`~superfluid.core.formats.setup.NamedTemplate` (a Jinja template for
+        ``chat-template NAME``). A model's ``tool-call-parser`` and ``reasoning-parser`` options
+        select formats by name; ``auto`` detects them from the model's chat template (the
+        highest score wins). A name registered twice among things of its kind is an error.
+        Called once on the main thread at startup (and by ``superfluid template``)."""
 
 
 @hookspec
