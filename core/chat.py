@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import types
 from typing import NamedTuple
 
 import jinja2
@@ -37,8 +38,12 @@ class _GenerationBlock(jinja2.ext.Extension):
 @functools.lru_cache(maxsize=64)
 def _compile(template: str) -> jinja2.Template:
     """The template compiled in the environment transformers' ``apply_chat_template`` uses, so
-    that every model renders exactly as its makers render it."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    that every model renders exactly as its makers render it. Two differences, both where
+    transformers refuses to render at all: lists may be changed (Kimi K2's templates call
+    ``list.append``, which transformers' immutable sandbox refuses, while llama.cpp's engine
+    runs them), and ``tojson`` takes what a ``map`` filter returns (llama.cpp's DeepSeek R1
+    template). The sandbox still refuses unsafe attributes and callables."""
+    env = jinja2.sandbox.SandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
@@ -48,8 +53,16 @@ def _compile(template: str) -> jinja2.Template:
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     """transformers' ``tojson``: JSON as ``json.dumps`` writes it (non-ASCII kept), with its
-    ``indent``, ``separators`` and ``sort_keys``; unlike jinja2's own, nothing HTML-escaped."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    ``indent``, ``separators`` and ``sort_keys``; unlike jinja2's own, nothing HTML-escaped. A
+    generator (what jinja2's ``map`` gives) is written as the list it yields."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
+
+
+def _listed(value):
+    if isinstance(value, (types.GeneratorType, map, filter)) or hasattr(value, "__next__"):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def render_chat(template: str | None, messages: list[dict], *, bos_token: str = "",

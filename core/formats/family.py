@@ -123,11 +123,11 @@ class ReasoningFormat:
         whitespace) is all rest; ``inside``: the prompt opened it. Whitespace next to the markers
         is trimmed; a span cut off (partial, or the reply's length limit) is reasoning so far."""
         head = text.lstrip()
-        if head.startswith(self.start):
+        if head.startswith(self.start):  # the span opens (or, opened by the prompt, is opened again)
             inside, text = True, head[len(self.start):]
+        elif partial and head and self.start.startswith(head):
+            return "", ""  # may still become the start marker
         elif not inside:
-            if partial and head and self.start.startswith(head):
-                return "", ""  # may still become the start marker
             return "", text
         end = text.find(self.end)
         if end >= 0:

@@ -120,7 +120,11 @@ def model_output(template: str, reply: dict, *, bos: str = "", eos: str = "", kw
             if marker and head.endswith(marker):
                 head, changed = head[:-len(marker)].rstrip(), True
     if head != prompt.rstrip() and full.startswith(head):
-        return head, end_of_turn_cut(full[len(head):].lstrip(), (eos,))
+        output = end_of_turn_cut(full[len(head):].lstrip(), (eos,))
+        # a history that writes the span itself continues the prompt that opened it; one that
+        # drops it continues the prompt without it
+        opened = len(markers) > 1 and markers[1] and output.startswith(markers[1])
+        return (head if opened or not any(m and m in output for m in markers) else prompt), output
     return None
 
 
