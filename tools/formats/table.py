@@ -55,6 +55,18 @@ def render_equality(template: str) -> str:
     return "no"
 
 
+def why_not(template: str, calls: int, one_call_ok: bool) -> str:
+    """Why a template shows no call to read back."""
+    if calls == 2 and one_call_ok:
+        return "renders one call per turn"
+    reply = next(roundtrip.assistant_variants(calls, False))
+    try:
+        render_chat(template, [roundtrip.USER, reply], tools=roundtrip.TOOLS, add_generation_prompt=False)
+    except Exception as exc:  # noqa: BLE001 - the template refuses
+        return f"refuses the call turn: {str(exc)[:70]}"
+    return "renders an assistant's calls as nothing"
+
+
 def token_pieces():
     """A function splitting text into the default model's tokens' texts, as a stream decodes them."""
     from superfluid.core.default_model import default_model_path
@@ -84,7 +96,7 @@ def rows(folder: pathlib.Path):
             whole = roundtrip.check(template, detected, calls=calls)
             if not whole.output:
                 row[f"calls{calls}"] = "n/a"
-                row[f"note{calls}"] = whole.note
+                row[f"note{calls}"] = why_not(template, calls, row.get("calls1", "n/a") != "n/a")
                 continue
             chars = roundtrip.check(template, detected, calls=calls, stream="chars")
             tokens = roundtrip.check(template, detected, calls=calls, stream="tokens", tokenize=pieces)
@@ -98,7 +110,7 @@ def markdown(table: list[dict]) -> str:
             "| 2 calls: whole/chars/tokens | needs |")
     lines = [head, "|" + "---|" * 7]
     for r in table:
-        need = "; ".join(n for n in {r.get("note1", ""), r.get("note2", "")} if n)
+        need = "; ".join(dict.fromkeys(n for n in (r.get("note1", ""), r.get("note2", "")) if n))
         lines.append(f"| {r['template']} | {r['render']} | {r['tool_format']} | {r['reasoning']} | "
                      f"{r['calls1']} | {r['calls2']} | {need} |")
     return "\n".join(lines)
