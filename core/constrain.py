@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .request import TEXT_VALUE, JsonConstraint, SamplingParams
+from .request import JsonConstraint, SamplingParams, is_text
 
 log = logging.getLogger("superfluid.constrain")
 
@@ -70,8 +70,9 @@ def _literal(text: str) -> str:
 def _choice_body(choice) -> str:
     """One :class:`~.request.JsonChoice` as a Lark sequence: its lead, its value, its rest."""
     pieces = [_literal(choice.lead)] if choice.lead else []
-    if choice.schema == TEXT_VALUE:
-        pieces.append(r"/[^<\n]+/")
+    if is_text(choice.schema):
+        limit = choice.schema.get("maxLength")
+        pieces.append(r"/[^<\n\x00-\x1f]" + (f"{{1,{limit}}}/" if limit else "+/"))
     elif choice.schema is not None:
         pieces.append(_json_value(choice.schema))
     for part in choice.rest:

@@ -18,9 +18,21 @@ def new_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{next(_ids):08d}-{int(time.time() * 1000) % 100000:05d}"
 
 
-#: a JsonChoice ``schema`` that stands for plain text rather than a JSON value: a run of characters
-#: without ``<`` or a line break (a string parameter in an XML-parameter call, written raw)
+#: a JsonChoice ``schema`` that stands for plain text rather than a JSON value: a run of printable
+#: characters without ``<`` or a line break (a string parameter in an XML-parameter call, written
+#: raw); :func:`text_value` bounds it by a string schema's ``maxLength``
 TEXT_VALUE = {"x-superfluid": "text"}
+
+
+def text_value(schema: dict | None = None) -> dict:
+    """The plain-text value for a string parameter whose schema is ``schema``."""
+    limit = (schema or {}).get("maxLength")
+    return {**TEXT_VALUE, "maxLength": limit} if isinstance(limit, int) and limit > 0 else TEXT_VALUE
+
+
+def is_text(schema) -> bool:
+    """Whether a JsonChoice ``schema`` stands for plain text (:func:`text_value`)."""
+    return isinstance(schema, dict) and schema.get("x-superfluid") == "text"
 
 
 @attrs.define(frozen=True)

@@ -11,7 +11,7 @@ import os
 
 import attrs
 
-from ..request import TEXT_VALUE, JsonConstraint
+from ..request import JsonConstraint, is_text
 from .family import ToolFormat
 
 
@@ -33,7 +33,7 @@ def forced_call(fmt: ToolFormat, functions: list[dict], grammars: bool) -> Force
     stop = (fmt.call_stop,) if fmt.call_stop else ()
     if not grammars:  # no grammar to hold the arguments: open their object for the model
         one = choices[0]
-        if len(choices) == 1 and one.schema not in (None, TEXT_VALUE) and not one.rest:
+        if len(choices) == 1 and one.schema is not None and not is_text(one.schema) and not one.rest:
             return ForcedCall(one.lead + "{", None, stop)
         return ForcedCall(prefill, None, stop)
     prefill = prefill.rstrip(" ")  # a space belongs to the next token: the grammar writes it

@@ -22,7 +22,7 @@ from typing import ClassVar
 from superfluid.core.formats.family import ToolFormat, safe_content
 from superfluid.core.formats.jsonscan import read_object, skip_ws
 from superfluid.core.formats.reply import ParsedCall, arguments_json, partial_arguments_json
-from superfluid.core.request import TEXT_VALUE, JsonChoice
+from superfluid.core.request import JsonChoice, text_value
 
 #: read_call's answer while a call is still being written and its name is not known yet
 _NOT_YET = (None, -1, False)
@@ -216,6 +216,6 @@ class TaggedParams(SectionCalls):
         pieces = []
         for key, schema in (params.get("properties") or {}).items():
             is_string = isinstance(schema, dict) and schema.get("type") == "string"
-            pieces.append(JsonChoice(self.param_lead(key, is_string), TEXT_VALUE if is_string else schema,
+            pieces.append(JsonChoice(self.param_lead(key, is_string), text_value(schema) if is_string else schema,
                                      (JsonChoice(self.value_close, None),), optional=key not in required))
         return JsonChoice(self.call_lead_text(function["name"]), None, tuple(pieces))

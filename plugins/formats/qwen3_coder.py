@@ -23,7 +23,7 @@ import json
 from superfluid.core.formats.family import ToolFormat, safe_content
 from superfluid.core.formats.jsonscan import skip_ws
 from superfluid.core.formats.reply import ParsedCall, arguments_json, partial_arguments_json
-from superfluid.core.request import TEXT_VALUE, JsonChoice
+from superfluid.core.request import JsonChoice, text_value
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
@@ -73,7 +73,7 @@ class Qwen3Coder(ToolFormat):
         pieces = []
         for key, prop in (schema.get("properties") or {}).items():
             close = JsonChoice("\n" + PARAMETER_CLOSE + "\n", None)
-            pieces.append(JsonChoice(f"{PARAMETER_OPEN}{key}>\n", TEXT_VALUE if _is_text(prop) else prop,
+            pieces.append(JsonChoice(f"{PARAMETER_OPEN}{key}>\n", text_value(prop) if _is_text(prop) else prop,
                                      (close,), optional=key not in required))
         return JsonChoice(f"{CALL_OPEN}\n{FUNCTION_OPEN}{function['name']}>\n", None, tuple(pieces))
 

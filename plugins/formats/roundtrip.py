@@ -217,11 +217,11 @@ def written_call(fmt, function: dict, args: dict) -> str:
     """The text a forced call of ``function`` with ``args`` would be, as the grammar built from
     ``fmt.call_choice`` and ``fmt.call_tail`` lets the model write it (JSON laid out as
     json.dumps writes it; a plain-text value as the string itself)."""
-    from superfluid.core.request import TEXT_VALUE
+    from superfluid.core.request import is_text
 
     def fill(choice, value) -> str:
         text = choice.lead
-        if choice.schema == TEXT_VALUE:
+        if is_text(choice.schema):
             text += value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         elif choice.schema is not None:
             text += json.dumps(value, ensure_ascii=False)
