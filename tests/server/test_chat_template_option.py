@@ -119,3 +119,21 @@ def test_gemma_with_the_builtin_template_chats(start_server, gemma_path):
                                                         temperature=0)
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.completion_tokens > 0
+
+
+def test_gemma_with_a_template_file_chats_streamed_and_whole(start_server, gemma_path, tmp_path):
+    # Gemma 3 speaks Gemma 2's turns; its makers' Gemma 2 template (which refuses a system
+    # message) given as a file makes the template-less GGUF chat
+    srv = start_server("--max-batch", "1", "--max-context", "1024", "--chat-template-file",
+                       str(SHARED / "google-gemma-2-2b-it.jinja"), model=gemma_path)
+    (entry,) = srv.get_json("/v1/models")["data"]
+    assert entry["meta"]["chat_template_source"].startswith("file:")
+    ask = [{"role": "user", "content": "Say hi."}]
+    status, out = srv.call("POST", "/apply-template", {"model": NAME, "messages": ask})
+    assert status == 200 and out["prompt"] == "<bos><start_of_turn>user\nSay hi.<end_of_turn>\n<start_of_turn>model\n"
+    client = openai_client(srv)
+    whole = client.chat.completions.create(model=NAME, messages=ask, max_tokens=8, temperature=0)
+    assert whole.choices[0].finish_reason in ("stop", "length") and whole.usage.completion_tokens > 0
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=NAME, messages=ask, max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == whole.choices[0].message.content
