@@ -11,6 +11,7 @@ corpus."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Iterator
 
@@ -176,7 +177,7 @@ def check(template: str, detected: Detected, *, calls: int = 1, reasoning: bool 
     """The round trip of a reply with ``calls`` calls (0: a plain answer) and reasoning, in the
     first conversation (system and user, or user alone), variables (:data:`TEMPLATE_KWARGS`,
     unless ``kwargs``) and reply shape the template renders. ``stream``: None reads the output
-    whole; "chars" feeds it a character at a time; "tokens" feeds it as
+    whole; "chars" feeds it a character at a time, "bytes" a byte at a time; "tokens" feeds it as
     ``tokenize(text) -> list[str]`` pieces it."""
     markers = ()
     if detected.reasoning is not None:
@@ -193,7 +194,7 @@ def check(template: str, detected: Detected, *, calls: int = 1, reasoning: bool 
                 if calls and not all(name in output for name, _, _ in CALLS[:calls]):
                     continue  # the template writes this shape of call as nothing: try the next
                 expected = expected_message(reply, output)
-                pieces = None if stream is None else list(output) if stream == "chars" else tokenize(output)
+                pieces = None if stream is None else _pieces(output, stream, tokenize)
                 got = read_message(detected, prompt, output, pieces=pieces)
                 setup = _setup(variables, history)
                 if got == expected:
@@ -204,6 +205,17 @@ def check(template: str, detected: Detected, *, calls: int = 1, reasoning: bool 
     if calls:
         return RoundTrip(False, note="the template renders no call (or not after this conversation)")
     return RoundTrip(False, note="the template renders no reply after this conversation")
+
+
+def _pieces(output: str, stream: str, tokenize) -> list[str]:
+    """``output`` as a stream would deliver it: a character at a time, a byte at a time (the
+    text each byte completes, "" while a character is unfinished), or as ``tokenize`` splits it."""
+    if stream == "chars":
+        return list(output)
+    if stream == "bytes":
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        return [decoder.decode(bytes([b])) for b in output.encode()]
+    return tokenize(output)
 
 
 def _setup(variables: dict, history: list[dict]) -> str:

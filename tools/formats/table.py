@@ -1,7 +1,7 @@
 """docs/formats.md's table: every template of a folder (default ../shared/templates) rendered by
 superfluid and by transformers' ``apply_chat_template`` (byte for byte, for a conversation with a
 system message, tools and a user turn), the formats detected, and the round trip of a reply with
-reasoning and one call, then two parallel calls: read whole, fed a character at a time, and fed
+reasoning and one call, then two parallel calls: read whole, fed a byte at a time, and fed
 as the default model's (SmolLM2's) tokens.
 
     python -m tools.formats.table [--dir DIR] [--markdown]
@@ -98,7 +98,7 @@ def rows(folder: pathlib.Path):
                 row[f"calls{calls}"] = "n/a"
                 row[f"note{calls}"] = why_not(template, calls, row.get("calls1", "n/a") != "n/a")
                 continue
-            chars = roundtrip.check(template, detected, calls=calls, stream="chars")
+            chars = roundtrip.check(template, detected, calls=calls, stream="bytes")
             tokens = roundtrip.check(template, detected, calls=calls, stream="tokens", tokenize=pieces)
             row[f"calls{calls}"] = "/".join("ok" if r.ok else "FAIL" for r in (whole, chars, tokens))
             row[f"note{calls}"] = whole.note
