@@ -22,7 +22,7 @@ from superfluid.core.formats.reply import ParsedCall
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 #: what a message's header may begin with (the generation prompt ends ``<|start|>assistant``)
-HEAD_STARTS = (START, CHANNEL, "to=")
+HEAD_STARTS = (START, CHANNEL, "to=", MESSAGE)  # a message with no header (a model that is not gpt-oss) is content
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 
