@@ -1,9 +1,11 @@
 """The content of a message, one type for every front end.
 
 A message's content is a string or a list of parts: text, or an image (``image_url``, OpenAI's
-shape). Every front end (OpenAI chat, sessions, and the Messages and Responses APIs) maps its own
-blocks onto these parts, so the preparation path reads one shape: an Anthropic ``image`` block
-and a Responses ``input_image`` arrive here as :class:`ImagePart`.
+shape). The prompt is rendered from the conversation each front end maps its request onto
+(:class:`superfluid.core.formats.conversation.Conversation`); an image there is an
+:class:`~superfluid.core.formats.conversation.ImageRef` holding an :class:`ImagePart`, so every
+front end's images (an Anthropic ``image`` block, a Responses ``input_image``, an Ollama
+``images`` entry) are loaded and kept the same way.
 
 An image part is only a reference when it is parsed (a ``data:`` URL, or an ``http(s)`` one); the
 route decodes and checks it before the request is prepared (:mod:`.images`), and keeps the
@@ -75,9 +77,3 @@ def content_text(content: Content | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.text for part in content if isinstance(part, TextPart))
-
-
-def image_parts(content: Content | None) -> list[ImagePart]:
-    if content is None or isinstance(content, str):
-        return []
-    return [part for part in content if isinstance(part, ImagePart)]

@@ -32,7 +32,6 @@ import attrs
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.media import Image
 
-from .content import ImagePart, image_parts
 from .options import OPTIONS
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
@@ -56,24 +55,6 @@ class ImageLimits:
                    allow=tuple(o.image_url_allow), fetch_timeout_s=o.image_fetch_timeout)
 
 
-def located_images(messages) -> list[tuple[str, ImagePart]]:
-    """Every image part of a chat's messages, in order, with the name of its URL field."""
-    out = []
-    for i, message in enumerate(messages):
-        content = message.content
-        if content is None or isinstance(content, str):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, ImagePart):
-                field = "image_url.url" if not isinstance(part.image_url, str) else "image_url"
-                out.append((f"messages[{i}].content[{j}].{field}", part))
-    return out
-
-
-def has_images(messages) -> bool:
-    return any(image_parts(m.content) for m in messages)
-
-
 def _bad(param: str, text: str, code: str = "invalid_image") -> InvalidRequest:
     return InvalidRequest(f"{param}: {text}", param=param, code=code)
 
@@ -84,10 +65,12 @@ class ImageLoader:
     def __init__(self, config):
         self.limits = ImageLimits.of(config)
 
-    async def load(self, messages, tile: int) -> None:
-        """Fetch, decode and check every image part of ``messages`` (in order), resized to
-        ``tile`` pixels a side, or raise the 400 of the first bad one."""
-        found = located_images(messages)
+    async def load(self, images, tile: int) -> None:
+        """Fetch, decode and check every image of a conversation (its
+        :class:`~superfluid.core.formats.conversation.ImageRef` list, in order; each ``ref`` an
+        :class:`~.content.ImagePart`), resized to ``tile`` pixels a side, or raise the 400 of the
+        first bad one, naming the field that sent it."""
+        found = [(image.where, image.ref) for image in images]
         if len(found) > self.limits.max_images:
             raise InvalidRequest(f"{len(found)} images in one request; at most {self.limits.max_images} are allowed "
                                  "(--max-images)", param=found[self.limits.max_images][0], code="too_many_images")

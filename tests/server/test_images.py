@@ -7,7 +7,9 @@ Responses API) against a real server serving the tiny SmolVLM the project builds
 - a media lane is never preempted by interactive arrivals (a text lane in its place is);
 - every bad image is a 400 naming the part, and the server is healthy afterwards;
 - remote URLs: refused unless a prefix is allowed, then fetched under the same caps;
-- a text-only model refuses images; image parts in sessions."""
+- a text-only model refuses images; image parts in sessions;
+- served with a real VLM chat template that loops over typed parts (Mistral Small 3.2's), the
+  image goes where that template writes its ``[IMG]``, and the chat answers 200."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import threading
 import time
 import urllib.request
 
+import pathlib
+
 import pytest
 
 from tests import vision_reference as ref
@@ -30,6 +34,7 @@ from .serverproc import free_port
 
 openai = pytest.importorskip("openai")
 MODEL = "vlm"
+TEMPLATES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +193,39 @@ def test_image_parts_in_a_session_are_kept_and_reused(srv):
     assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
     srv.call("DELETE", f"/v1/sessions/{sid}")
+
+
+# a template in the shape of SmolVLM's own: it reads typed parts only, so content flattened to a
+# string loses its text and its image (the request was a 400: the template left the image out)
+PARTS_ONLY = ("<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}: "
+              "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+              "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+              "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+@pytest.mark.parametrize("name, placed", [
+    ("Mistral-Small-3.2-24B-Instruct-2506", f"[INST]\ue0000\ue001{cases.QUESTION}[/INST]"),
+    ("parts-only", f"User: \ue0000\ue001{cases.QUESTION}<end_of_utterance>"),
+])
+def test_a_template_that_loops_over_typed_parts_gets_the_image_where_it_puts_it(start_server, vlm, tmp_path,
+                                                                                  name, placed):
+    """A VLM template reads a message's typed parts and writes its own placeholder for an image
+    part (Mistral Small 3.2's ``[IMG]``, SmolVLM's ``<image>``). Served with it, the fixture
+    answers an image chat through the openai client, and the prompt holds the image where the
+    template put it (``/apply-template`` shows its marker there)."""
+    template = TEMPLATES / f"{name}.jinja"
+    if name == "parts-only":
+        template = tmp_path / "parts-only.jinja"
+        template.write_text(PARTS_ONLY)
+    srv = start_server("--model-name", MODEL, "--max-batch", "1", "--chat-template-file", str(template),
+                       model=str(vlm["gguf"]))
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x", timeout=120, max_retries=0)
+    reply = cases.ask(client, MODEL, cases.image_messages(cases.RED))
+    assert reply.usage.completion_tokens == cases.MAX_NEW
+    status, shown = srv.call("POST", "/apply-template", {"model": MODEL, "messages": cases.image_messages(cases.RED)})
+    assert status == 200, shown
+    assert placed in shown["prompt"] and "[IMG]" not in shown["prompt"] and "<image>" not in shown["prompt"]
+    srv.stop()
 
 
 # ---- a media lane is never preempted --------------------------------------------------------------

@@ -115,6 +115,7 @@ def test_history_renders_as_text_for_a_template_without_tools():
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "21C, sunny"}]
+    history = parse(ChatCompletionRequest, {"messages": history}).conversation
     text = tool_render.render_prompt(CHATML, history, plan(), add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n# Tools\n") and '"name": "get_time"' in text
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'

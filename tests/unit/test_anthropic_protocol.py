@@ -9,7 +9,8 @@ import json
 import pytest
 
 from superfluid.core.errors import InvalidRequest
-from superfluid.plugins.http.anthropic.mapping import chat_messages, chat_request, system_parts
+from superfluid.core.formats.conversation import ImageRef, Message
+from superfluid.plugins.http.anthropic.mapping import chat_request, conversation, system_parts
 from superfluid.plugins.http.anthropic.protocol import CountTokensRequest, MessagesRequest
 from superfluid.plugins.http.anthropic.wire import AnthropicWire, anthropic_error
 from superfluid.plugins.http.typed import parse
@@ -55,16 +56,18 @@ def test_server_tools_are_left_out_not_refused():
     assert [t.function.name for t in chat.tools] == ["get_weather"]
 
 
-def test_image_blocks_become_chat_image_parts_where_they_were():
+def test_image_blocks_become_image_parts_where_they_were():
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     r = req(messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, image,
                                                    {"type": "text", "text": "What is it?"}]}])
-    content = chat_request(r).messages[-1].content
-    assert [p.type for p in content] == ["text", "image_url", "text"]
-    assert content[1].url == "data:image/png;base64,iVBORw0KGgo="
+    parts = chat_request(r).conversation.messages[-1].parts
+    assert [isinstance(p, ImageRef) for p in parts] == [False, True, False]
+    assert parts[1].ref.url == "data:image/png;base64,iVBORw0KGgo="
+    assert parts[1].where == "messages[0].content[1].source"  # an error about it names the block
+    assert chat_request(r).messages == []  # no chat messages are written for the chat path to parse
     url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
-    assert chat_request(req(messages=[{"role": "user", "content": [url]}])).messages[-1].content[0].url == \
-        "https://example.com/a.png"
+    assert chat_request(req(messages=[{"role": "user", "content": [url]}])).conversation.messages[-1].parts[0]\
+        .ref.url == "https://example.com/a.png"
 
 
 @pytest.mark.parametrize("source, words", [
@@ -82,11 +85,11 @@ def test_the_billing_header_block_goes_after_the_conversation():
     r = req(system=[{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abc;"},
                     {"type": "text", "text": "You are Claude Code."}])
     assert system_parts(r) == ("You are Claude Code.", "x-anthropic-billing-header: cc_version=1; cch=abc;")
-    messages = chat_messages(r)
-    assert messages[0] == {"role": "system", "content": "You are Claude Code."}
-    assert messages[-1]["role"] == "system" and messages[-1]["content"].startswith("x-anthropic-billing-header")
-    first = chat_messages(r, trailing_system=False)
-    assert first[0]["content"].startswith("x-anthropic-billing-header")  # a template that refuses it at the end
+    messages = conversation(r).messages
+    assert messages[0] == Message.plain("system", "You are Claude Code.")
+    assert messages[-1].role == "system" and messages[-1].text.startswith("x-anthropic-billing-header")
+    first = conversation(r, trailing_system=False).messages
+    assert first[0].text.startswith("x-anthropic-billing-header")  # a template that refuses it at the end
 
 
 def test_tool_use_and_tool_result_become_calls_and_tool_messages():
@@ -103,12 +106,15 @@ def test_tool_use_and_tool_result_become_calls_and_tool_messages():
         tool_choice={"type": "any", "disable_parallel_tool_use": True}, stop_sequences=["END"],
         metadata={"user_id": "u"}, top_k=5)
     chat = chat_request(r)
-    roles = [m.role for m in chat.messages]
+    messages = chat.conversation.messages
+    roles = [m.role for m in messages]
     assert roles == ["user", "assistant", "tool", "tool", "user"]
-    assistant = chat.messages[1]
-    assert assistant.content == "Let me look."  # the thinking block is left out
-    assert json.loads(assistant.tool_calls[0].function.arguments) == {"city": "Paris"}
-    assert chat.messages[3].content == "Error: timeout"
+    assistant = messages[1]
+    assert assistant.text == "Let me look."  # the thinking block is left out
+    assert assistant.tool_calls[0].arguments == {"city": "Paris"} and assistant.tool_calls[0].id == "toolu_1"
+    assert json.loads(assistant.tool_calls[0].text) == {"city": "Paris"}
+    assert [m.tool_call_id for m in messages[2:4]] == ["toolu_1", "toolu_2"]
+    assert messages[3].text == "Error: timeout" and messages[4].text == "and tomorrow?"
     assert chat.tool_choice == "required" and chat.parallel_tool_calls is False
     assert chat.stop == ["END"] and chat.user == "u" and chat.top_k == 5 and chat.max_tokens == 16
 

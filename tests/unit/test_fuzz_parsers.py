@@ -111,7 +111,7 @@ def _validate(kind: str, body) -> None:
     n_prompt = 0
     if kind == "chat":
         tool_plan.plan(req, grammars=True)
-        [m.for_template() for m in req.messages]
+        req.conversation.template_messages()
     elif kind == "completion" and req.suffix is not None:
         n_prompt = len(params.fim_prefix(req.prompt)) + len(req.suffix)
     elif kind == "completion":
@@ -226,9 +226,9 @@ def test_chat_messages(msgs, tools, choice):
     try:
         req = parse(ChatCompletionRequest, body)
         plan = tool_plan.plan(req, grammars=True)
-        checked = [m.for_template() for m in req.messages]
+        checked = req.conversation
         render_prompt(CHATML, checked, plan, add_generation_prompt=True)
-        render_chat(CHATML, checked)
+        render_chat(CHATML, checked.template_messages())
     except SuperfluidError as exc:
         _client_error(exc, body)
 

@@ -41,7 +41,7 @@ def test_a_read_reply_renders_back_as_written(name):
     req = parse(ChatCompletionRequest, {"messages": history, "tools": roundtrip.TOOLS})
     plan = tool_plan.plan(req, detected.tool_format)
     kwargs = {"thinking": True} if "V3.2" in name else {}
-    prompt = render_prompt(template, [m.for_template() for m in req.messages], plan, add_generation_prompt=True,
+    prompt = render_prompt(template, req.conversation, plan, add_generation_prompt=True,
                            **kwargs)
     call_text = written.output.split(roundtrip.REASONING)[-1].lstrip()
     if "abcDEF123" in call_text:  # Mistral writes the call's id: the client's, shortened as the template wants

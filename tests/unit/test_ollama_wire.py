@@ -48,9 +48,9 @@ def test_tool_messages_answer_the_earliest_call_of_their_tool():
                                                             {"function": {"name": "b", "arguments": {}}}]},
         {"role": "tool", "tool_name": "b", "content": "B"}, {"role": "tool", "tool_name": "a", "content": "A"}]})
     out = chat_messages(req.messages)
-    ids = [c["id"] for c in out[0]["tool_calls"]]
-    assert [m["tool_call_id"] for m in out[1:]] == [ids[1], ids[0]]
-    assert json.loads(out[0]["tool_calls"][0]["function"]["arguments"]) == {"q": 1}
+    ids = [c.id for c in out[0].tool_calls]
+    assert [m.tool_call_id for m in out[1:]] == [ids[1], ids[0]]
+    assert out[0].tool_calls[0].arguments == {"q": 1} and json.loads(out[0].tool_calls[0].text) == {"q": 1}
 
 
 def test_options_format_and_images_map_onto_chat():
@@ -60,6 +60,8 @@ def test_options_format_and_images_map_onto_chat():
     chat = chat_request(req, "m", stream=False)
     assert chat.temperature == 0 and chat.max_tokens == 5 and chat.stop == ["x"] and chat.top_k == 3
     assert chat.response_format.type == "json_schema"
-    assert [p.type for p in chat.messages[0].content] == ["image_url", "text"]
+    parts = chat.conversation.messages[0].parts
+    assert [type(p).__name__ for p in parts] == ["ImageRef", "TextPart"]
+    assert parts[0].ref.url == "data:image/png;base64,iVBORw0KGgo=" and parts[0].where == "messages[0].images[0]"
     raw = generate_request(parse(OllamaGenerateRequest, {"model": "m", "prompt": "1,", "raw": True}), "m", True)
     assert raw.prompt == "1," and raw.max_tokens > 1 << 20  # until the context ends (cut there)

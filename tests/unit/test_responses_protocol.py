@@ -52,8 +52,8 @@ def test_what_codex_sends_is_accepted_and_its_other_tools_are_left_out():
     req = parse(ResponsesRequest, CODEX)
     chat = chat_request(req)
     assert isinstance(chat, ChatCompletionRequest)
-    assert [m.for_template() for m in chat.messages] == [{"role": "system", "content": "Be terse."},
-                                                         {"role": "user", "content": "List files."}]
+    assert chat.conversation.template_messages() == [{"role": "system", "content": "Be terse."},
+                                                     {"role": "user", "content": "List files."}]
     assert [t.function.name for t in chat.tools] == ["shell"]  # namespace and web_search left out
     assert chat.tool_choice == "auto" and chat.parallel_tool_calls is False and chat.stream is True
 
@@ -118,7 +118,7 @@ def test_items_map_onto_messages_and_calls_join_the_reply_before_them():
         {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "rain"}]},
         {"type": "function_call", "call_id": "call_c", "name": "get_weather", "arguments": "{}"},
     ]})
-    messages = [m.for_template() for m in chat_request(req).messages]
+    messages = chat_request(req).conversation.template_messages()
     call = lambda cid, args: {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": args}}
     assert messages == [
         {"role": "system", "content": "Use tools."},
@@ -163,7 +163,7 @@ def test_a_request_with_nothing_to_answer_is_a_400_on_input():
     assert (info.value.param, info.value.code) == ("input", "missing_required_parameter")
     history = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "reply"}]
     chat = chat_request(parse(ResponsesRequest, {"input": "next", "instructions": "sys"}), history)
-    assert [m.text for m in chat.messages] == ["sys", "earlier", "reply", "next"]
+    assert [m.text for m in chat.conversation.messages] == ["sys", "earlier", "reply", "next"]
 
 
 # ---- the wire ----------------------------------------------------------------------------------

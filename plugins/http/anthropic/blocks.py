@@ -11,7 +11,7 @@ with it, not every type it is not). Every block type of Anthropic's request is d
   trained to see, and leaving it out keeps a turn's prompt a prefix of the next one's;
 - ``document``: a text document (source ``text`` or ``content``) is its text; a PDF or an image
   (source ``base64``, ``url``, ``file``) is refused;
-- ``image``: an image (source ``base64`` or ``url``), as chat's ``image_url`` part, in the
+- ``image``: an image (source ``base64`` or ``url``), an image part of the conversation, in the
   message where it was (a ``file`` source, the Files API, is refused);
 - any other type (server tool results, search results, container uploads): refused.
 
@@ -24,6 +24,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
+from superfluid.core.formats.conversation import ImageRef, Part, TextPart
+
+from ..content import ImagePart
 from ..typed import Lenient, fail
 
 CacheControl = dict[str, Any] | None  # accepted and ignored: every prompt's prefix is cached by its tokens
@@ -73,8 +76,9 @@ class AnthropicImageBlock(Lenient):
     source: AnthropicImageSource
     cache_control: CacheControl = None
 
-    def as_chat_part(self) -> dict:
-        return {"type": "image_url", "image_url": {"url": self.source.as_url}}
+    def as_part(self, where: str) -> ImageRef:
+        """The image as the conversation holds it (``where``: this block's field, for errors)."""
+        return ImageRef(ImagePart(type="image_url", image_url=self.source.as_url), where)
 
 
 class AnthropicDocumentSource(Lenient):
@@ -224,27 +228,24 @@ class AnthropicMessage(Lenient):
         return content
 
 
-def chat_parts(blocks, prefix: str = "") -> str | list[dict]:
-    """Text, document and image blocks as chat content: the text (consecutive blocks joined as
-    :func:`join_texts` joins them, after ``prefix``) when there is no image, else chat's parts
-    with each image where it was."""
-    if not any(isinstance(b, AnthropicImageBlock) for b in blocks):
-        return prefix + join_texts(b.text for b in blocks)
-    parts: list[dict] = []
+def parts(blocks, where: str, prefix: str = "") -> tuple[Part, ...]:
+    """Text, document and image blocks (``(j, block)`` pairs: each block with its index in the
+    list ``where`` names) as a message's parts: consecutive text blocks joined as
+    :func:`join_texts` joins them (after ``prefix``), each image where it was (its errors name
+    ``{where}[j].source``)."""
+    out: list[Part] = [TextPart(prefix)] if prefix else []
     run: list[str] = []
-    for b in blocks:
+    for j, b in blocks:
         if isinstance(b, AnthropicImageBlock):
             if run:
-                parts.append({"type": "text", "text": join_texts(run)})
+                out.append(TextPart(join_texts(run)))
                 run = []
-            parts.append(b.as_chat_part())
+            out.append(b.as_part(f"{where}[{j}].source"))
         else:
             run.append(b.text)
     if run:
-        parts.append({"type": "text", "text": join_texts(run)})
-    if prefix:
-        parts.insert(0, {"type": "text", "text": prefix})
-    return parts
+        out.append(TextPart(join_texts(run)))
+    return tuple(p for p in out if not isinstance(p, TextPart) or p.text)
 
 
 def join_texts(texts) -> str:

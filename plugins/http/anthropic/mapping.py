@@ -1,12 +1,14 @@
-"""A typed Messages request as the chat request the OpenAI front end runs.
+"""A typed Messages request as the chat the OpenAI front end runs: its conversation
+(:class:`~superfluid.core.formats.conversation.Conversation`, mapped here block by block) and
+chat's generation fields.
 
 - ``system`` → a system message first (its text blocks joined by a blank line); a system
   message in ``messages`` stays where it is;
 - a user message's ``tool_result`` blocks → ``tool`` messages (in order, before the user's own
   text, as chat templates expect them right after the calls); ``is_error`` puts ``Error:`` before
   the result's text;
-- an assistant message's ``tool_use`` blocks → its ``tool_calls`` (the input as JSON arguments,
-  the block's id as the call id, so the reply renders as it was generated); ``thinking`` and
+- an assistant message's ``tool_use`` blocks → its tool calls (the input as the arguments
+  object, the block's id as the call id, so the reply renders as it was generated); ``thinking`` and
   ``redacted_thinking`` are left out (see :mod:`.blocks`);
 - ``tool_choice``: ``auto`` → auto, ``any`` → required, ``tool`` → that function (held to its
   schema by the constraint machinery), ``none`` → none; ``disable_parallel_tool_use`` →
@@ -26,14 +28,13 @@ model whose chat template refuses a system message there gets it first, as sent
 from __future__ import annotations
 
 import functools
-import json
 
 from superfluid.core.chat import render_chat
+from superfluid.core.formats.conversation import Conversation, Message, ToolCall, parts_of
 
-from ..openai.chat_protocol import ChatCompletionRequest
-from ..typed import parse
+from ..openai.chat_protocol import MappedChat
 from .blocks import (AnthropicDocumentBlock, AnthropicImageBlock, AnthropicMessage, AnthropicTextBlock,
-                     AnthropicToolResultBlock, AnthropicToolUseBlock, chat_parts, join_texts)
+                     AnthropicToolResultBlock, AnthropicToolUseBlock, join_texts, parts)
 from .protocol import (MessagesInput, MessagesRequest, ToolChoiceAny, ToolChoiceAuto, ToolChoiceNone,
                        ToolChoiceTool)
 
@@ -60,35 +61,31 @@ def _text_of(blocks) -> str:
     return join_texts(b.text for b in blocks if isinstance(b, (AnthropicTextBlock, AnthropicDocumentBlock)))
 
 
-def _message(msg: AnthropicMessage) -> list[dict]:
-    """One Anthropic message as chat messages."""
+def _message(msg: AnthropicMessage, index: int) -> list[Message]:
+    """One Anthropic message (``messages[index]``) as the conversation's messages."""
     if isinstance(msg.content, str):
-        return [{"role": msg.role, "content": msg.content}]
+        return [Message.plain(msg.role, msg.content)]
+    where = f"messages[{index}].content"
     if msg.role == "assistant":
-        out: dict = {"role": "assistant", "content": _text_of(msg.content) or None}
-        calls = [{"id": b.id, "type": "function",
-                  "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}}
-                 for b in msg.content if isinstance(b, AnthropicToolUseBlock)]
-        if calls:
-            out["tool_calls"] = calls
-        elif out["content"] is None:
-            out["content"] = ""  # only thinking blocks: an empty turn, kept so the roles still alternate
-        return [out]
-    results = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": _result_content(b)}
-               for b in msg.content if isinstance(b, AnthropicToolResultBlock)]
-    own = [b for b in msg.content if isinstance(b, (AnthropicTextBlock, AnthropicDocumentBlock, AnthropicImageBlock))]
+        # only thinking blocks: an empty turn, kept so the roles still alternate
+        calls = tuple(ToolCall(b.id, b.name, b.input) for b in msg.content if isinstance(b, AnthropicToolUseBlock))
+        return [Message.plain("assistant", _text_of(msg.content), tool_calls=calls)]
+    results = [Message("tool", _result_parts(b, f"{where}[{j}].content"), tool_call_id=b.tool_use_id)
+               for j, b in enumerate(msg.content) if isinstance(b, AnthropicToolResultBlock)]
+    own = [(j, b) for j, b in enumerate(msg.content)
+           if isinstance(b, (AnthropicTextBlock, AnthropicDocumentBlock, AnthropicImageBlock))]
     if own or not results:
-        results.append({"role": msg.role, "content": chat_parts(own)})
+        results.append(Message(msg.role, parts(own, where)))
     return results
 
 
-def _result_content(block: AnthropicToolResultBlock) -> str | list[dict]:
-    """A tool result's content as chat's: its text (``Error:`` first when it is one), or parts
-    when it holds images (a tool that read an image file)."""
+def _result_parts(block: AnthropicToolResultBlock, where: str) -> tuple:
+    """A tool result's content as parts: its text (``Error:`` first when it is one), with its
+    images where they were (a tool that read an image file)."""
     prefix = "Error: " if block.is_error else ""
     if isinstance(block.content, str) or block.content is None:
-        return prefix + (block.content or "")
-    return chat_parts(block.content, prefix)
+        return parts_of(prefix + (block.content or ""))
+    return parts(enumerate(block.content), where, prefix)
 
 
 def _tools(req: MessagesInput) -> list[dict]:
@@ -115,23 +112,23 @@ def _tool_choice(req: MessagesInput) -> dict:
     return out
 
 
-def chat_messages(req: MessagesInput, trailing_system: bool = True) -> list[dict]:
-    """The conversation as chat messages, the billing-header block last (or first, when the
-    model's template allows no system message there)."""
+def conversation(req: MessagesInput, trailing_system: bool = True) -> Conversation:
+    """The request's conversation, the billing-header block last (or first, when the model's
+    template allows no system message there)."""
     stable, volatile = system_parts(req)
-    messages = [{"role": "system", "content": stable}] if stable else []
+    messages = [Message.plain("system", stable)] if stable else []
     if volatile and not trailing_system:
-        messages.insert(0, {"role": "system", "content": volatile})
-    for msg in req.messages:
-        messages += _message(msg)
+        messages.insert(0, Message.plain("system", volatile))
+    for i, msg in enumerate(req.messages):
+        messages += _message(msg, i)
     if volatile and trailing_system:
-        messages.append({"role": "system", "content": volatile})
-    return messages
+        messages.append(Message.plain("system", volatile))
+    return Conversation(messages)
 
 
-def chat_request(req: MessagesInput, trailing_system: bool = True) -> ChatCompletionRequest:
-    """The chat request a Messages (or count_tokens) request runs as."""
-    body: dict = {"model": req.model, "messages": chat_messages(req, trailing_system)}
+def chat_fields(req: MessagesInput) -> dict:
+    """Chat's generation fields for the request (its model, tools, sampling, limits)."""
+    body: dict = {"model": req.model}
     tools = _tools(req)
     if tools:
         body["tools"] = tools
@@ -152,7 +149,12 @@ def chat_request(req: MessagesInput, trailing_system: bool = True) -> ChatComple
                 body[field] = getattr(req, field)
         if req.metadata is not None and req.metadata.user_id is not None:
             body["user"] = req.metadata.user_id
-    return parse(ChatCompletionRequest, body)
+    return body
+
+
+def chat_request(req: MessagesInput, trailing_system: bool = True) -> MappedChat:
+    """The chat a Messages (or count_tokens) request runs as."""
+    return MappedChat.of(conversation(req, trailing_system), chat_fields(req))
 
 
 def trailing_system_allowed(info) -> bool:

@@ -13,13 +13,14 @@ import time
 from aiohttp import web
 
 from superfluid.core.config import CORE_OPTIONS
+from superfluid.core.formats.conversation import Conversation
 from superfluid.core.sessions import SessionConflict, SessionNotFound
 
 from ..aliases import served_name
 from ..body import read_as
 from ..info.metrics import METRICS
 from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
-from ..openai.chat_protocol import ChatMessage
+from ..openai.chat_protocol import ChatMessage, kept_messages
 from ..prepare.qos_class import request_class
 from .protocol import SessionCreateRequest, SessionQosRequest, SessionTurnRequest
 WINDOW_FILL = 0.5  # after a cut the kept history fills at most this share of the context, so cuts
@@ -65,7 +66,8 @@ class SessionRoutes:
         if not session.pin_system or session.state == "closed" or session.pinned_by is runtime.loop:
             return
         if session.pinned_tokens is None:
-            session.pinned_tokens = self.openai.preparer.chat_prefix_tokens(runtime, session.history()[:1])
+            first = Conversation(kept_messages(session.history()[:1]))
+            session.pinned_tokens = self.openai.preparer.chat_prefix_tokens(runtime, first)
         runtime.loop.pin_prefix(session.pinned_tokens)
         session.pinned_by = runtime.loop
 

@@ -1,9 +1,12 @@
-"""Ollama requests as the chat and completion requests the OpenAI front end runs.
+"""Ollama requests as the chat and completion requests the OpenAI front end runs: a chat's
+conversation (:class:`~superfluid.core.formats.conversation.Conversation`) is mapped here, its
+generation fields are chat's.
 
-- ``/api/chat``: ``messages`` → chat messages. ``images`` (base64) → image parts before the
-  text; an assistant's ``tool_calls`` (arguments an object) → its calls, each given an id; a
-  ``tool`` message → the result of the earliest unanswered call of its ``tool_name`` (Ollama
-  names the tool, not the call); ``thinking`` is left out of the prompt.
+- ``/api/chat``: ``messages`` → the conversation's messages. ``images`` (base64) → image parts
+  before the text; an assistant's ``tool_calls`` (arguments an object) → its calls, each given
+  an id; a ``tool`` message → the result of the earliest unanswered call of its ``tool_name``
+  (Ollama names the tool, not the call); ``thinking`` → the assistant's reasoning (given to a
+  template that renders it, as Qwen3's does).
 - ``/api/generate``: ``raw`` → a completion of the prompt as given; ``suffix`` → fill in the
   middle; otherwise the prompt is the user message of a chat (``system`` before it), as Ollama
   renders it through the model's template.
@@ -14,11 +17,11 @@
 
 from __future__ import annotations
 
-import json
-
 from superfluid.core.errors import InvalidRequest
+from superfluid.core.formats.conversation import Conversation, ImageRef, Message, ToolCall, parts_of
 
-from ..openai.chat_protocol import ChatCompletionRequest
+from ..content import ImagePart
+from ..openai.chat_protocol import MappedChat
 from ..openai.protocol import CompletionRequest
 from ..typed import parse
 from .protocol import OllamaChatRequest, OllamaGenerateRequest, OllamaMessage, OllamaOptions
@@ -28,39 +31,34 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
              "frequency_penalty")
 
 
-def _image_part(data: str) -> dict:
-    url = data if data.startswith("data:") else "data:image/png;base64," + data  # the format is read from the bytes
-    return {"type": "image_url", "image_url": {"url": url}}
+def _parts(text: str, images: list[str] | None, where: str) -> tuple:
+    """A message's text, after its images (``where``: the field that holds them)."""
+    refs = tuple(ImageRef(ImagePart(type="image_url", image_url=_url(data)), f"{where}[{j}]")
+                 for j, data in enumerate(images or ()))
+    return (*refs, *parts_of(text))
 
 
-def _content(text: str, images: list[str] | None):
-    if not images:
-        return text
-    return [*(_image_part(i) for i in images), {"type": "text", "text": text}]
+def _url(data: str) -> str:
+    return data if data.startswith("data:") else "data:image/png;base64," + data  # the format is read from the bytes
 
 
-def chat_messages(messages: list[OllamaMessage]) -> list[dict]:
-    out: list[dict] = []
+def chat_messages(messages: list[OllamaMessage]) -> list[Message]:
+    """``messages`` as the conversation's messages."""
+    out: list[Message] = []
     unanswered: list[tuple[str, str]] = []  # (call id, tool name), oldest first
     for i, m in enumerate(messages):
+        thought = m.thinking or None if m.role == "assistant" else None
         if m.role == "assistant" and m.tool_calls:
-            calls = []
-            for j, call in enumerate(m.tool_calls):
-                call_id = f"call_{i}_{j}"
-                args = call.function.arguments
-                calls.append({"id": call_id, "type": "function", "function": {
-                    "name": call.function.name,
-                    "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
-                unanswered.append((call_id, call.function.name))
-            out.append({"role": "assistant", "content": m.content or None, "tool_calls": calls})
+            calls = tuple(ToolCall.of(f"call_{i}_{j}", call.function.name, call.function.arguments)
+                          for j, call in enumerate(m.tool_calls))
+            unanswered += [(call.id, call.name) for call in calls]
+            out.append(Message.plain("assistant", m.content, tool_calls=calls, reasoning=thought))
         elif m.role == "tool":
             match = next((k for k, (_, name) in enumerate(unanswered) if m.tool_name in (None, name)), None)
             call_id = unanswered.pop(match)[0] if match is not None else f"call_{i}"
-            out.append({"role": "tool", "tool_call_id": call_id, "content": m.content})
+            out.append(Message.plain("tool", m.content, tool_call_id=call_id))
         else:
-            out.append({"role": m.role, "content": _content(m.content, m.images)})
-        if m.role == "assistant" and m.thinking:
-            out[-1]["reasoning_content"] = m.thinking  # for a template that renders it (Qwen3's)
+            out.append(Message(m.role, _parts(m.content, m.images, f"messages[{i}].images"), reasoning=thought))
     return out
 
 
@@ -105,16 +103,15 @@ def _chat_fields(req, body: dict, stream: bool) -> dict:
     return body
 
 
-def chat_request(req: OllamaChatRequest, model: str, stream: bool) -> ChatCompletionRequest:
-    body = _chat_fields(req, {"model": model, "messages": chat_messages(req.messages),
-                              **_generation(req, req.options, stream)}, stream)
+def chat_request(req: OllamaChatRequest, model: str, stream: bool) -> MappedChat:
+    body = _chat_fields(req, {"model": model, **_generation(req, req.options, stream)}, stream)
     if req.tools:
-        body["tools"] = req.tools
+        body["tools"] = req.tools  # Ollama's tools are chat's function tools, checked by chat's rules
     if req.logprobs:
         body["logprobs"] = True
         if req.top_logprobs is not None:
             body["top_logprobs"] = req.top_logprobs
-    return parse(ChatCompletionRequest, body)
+    return MappedChat.of(Conversation(chat_messages(req.messages)), body)
 
 
 def generate_request(req: OllamaGenerateRequest, model: str, stream: bool):
@@ -132,6 +129,6 @@ def generate_request(req: OllamaGenerateRequest, model: str, stream: bool):
         if req.suffix is not None:
             body["suffix"] = req.suffix
         return parse(CompletionRequest, body)
-    messages = [{"role": "system", "content": req.system}] if req.system else []
-    messages.append({"role": "user", "content": _content(req.prompt or "", req.images)})
-    return parse(ChatCompletionRequest, _chat_fields(req, {"model": model, "messages": messages, **common}, stream))
+    messages = [Message.plain("system", req.system)] if req.system else []
+    messages.append(Message("user", _parts(req.prompt or "", req.images, "images")))
+    return MappedChat.of(Conversation(messages), _chat_fields(req, {"model": model, **common}, stream))

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from superfluid.core.errors import InvalidRequest
 
+from superfluid.core.formats.conversation import Conversation, ImageRef, Message, TextPart, parts_of
+from superfluid.core.formats.conversation import ToolCall as Call
+
 from ..content import Content, ImagePart, content_text
-from ..typed import Lenient, RequestBody, fail
+from ..typed import Lenient, RequestBody, fail, parse
 from .protocol import GenerationFields, Model
 
 MAX_TOOLS = 128
@@ -74,25 +77,27 @@ class ChatMessage(Lenient):
     def text(self) -> str:
         return content_text(self.content)
 
-    def for_template(self, image_marker=None) -> dict:
-        """The message as chat templates read it: ``developer`` is ``system``, content is text.
-        ``image_marker`` (an image part to the text that stands for it until the rendered
-        prompt is tokenized) puts images in that text where they were; without it they are
-        left out."""
-        text = self.text
-        if image_marker is not None and isinstance(self.content, list):
-            text = "".join(image_marker(p) if isinstance(p, ImagePart) else p.text for p in self.content)
-        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
-        if self.name is not None:
-            out["name"] = self.name
-        if self.tool_calls is not None:
-            out["tool_calls"] = [c.model_dump(exclude_unset=True) for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
+    def as_message(self, index: int = 0) -> Message:
+        """The message in the conversation every front end maps onto (``index``: its place in
+        ``messages``, which names its images' fields in errors)."""
+        if isinstance(self.content, list):
+            parts = tuple(ImageRef(p, _image_field(index, j, p)) if isinstance(p, ImagePart) else TextPart(p.text)
+                          for j, p in enumerate(self.content))
+        else:
+            parts = parts_of(self.content)
+        calls = tuple(Call.of(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ())
         thought = self.reasoning_content if self.reasoning_content is not None else self.reasoning
-        if thought is not None and self.role == "assistant":
-            out["reasoning_content"] = thought  # Qwen3's template renders it; most ignore it
-        return out
+        return Message(self.role, parts, calls, reasoning=thought, tool_call_id=self.tool_call_id, name=self.name)
+
+
+def _image_field(message: int, part: int, image: ImagePart) -> str:
+    return f"messages[{message}].content[{part}].image_url" + ("" if isinstance(image.image_url, str) else ".url")
+
+
+def kept_messages(history: list[dict]) -> list[Message]:
+    """Messages a session keeps (chat's shape, each checked when its turn was sent) as the
+    conversation's."""
+    return [ChatMessage.model_validate(m).as_message(i) for i, m in enumerate(history)]
 
 
 # ---- tools -------------------------------------------------------------------------------------
@@ -204,6 +209,11 @@ class ChatFields(GenerationFields):
     safety_identifier: str | None = Field(None, description="accepted and ignored")
     prompt_cache_key: str | None = Field(None, description="accepted and ignored: prompts are cached by their tokens")
 
+    @property
+    def conversation(self) -> Conversation:
+        """The messages as the prompt is rendered from them."""
+        return Conversation(m.as_message(i) for i, m in enumerate(self.messages))
+
     @field_validator("top_logprobs")
     @classmethod
     def _needs_logprobs(cls, top, info: ValidationInfo):
@@ -237,3 +247,26 @@ class ChatCompletionRequest(ChatFields):
     """The body of ``POST /v1/chat/completions``."""
 
     model: Model = None
+
+
+class MappedChat(ChatCompletionRequest):
+    """A chat another front end (Messages, Responses, Ollama) runs: chat's generation fields,
+    validated by chat's rules, and the conversation that front end mapped from its own typed
+    request (no ``messages``: no front end writes chat's messages for them to be parsed again)."""
+
+    messages: list[ChatMessage] = Field(default_factory=list, description="unused: see conversation")
+    _conversation: Conversation = PrivateAttr(default_factory=Conversation)
+
+    @classmethod
+    def of(cls, conversation: Conversation, fields: dict) -> "MappedChat":
+        """The chat of ``conversation`` with ``fields`` (chat's generation fields, typed or as
+        chat's JSON takes them: a 400 names the first one wrong)."""
+        if not conversation.messages:
+            raise InvalidRequest("messages must not be empty", param="messages", code="invalid_value")
+        chat = parse(cls, fields)
+        chat._conversation = conversation
+        return chat
+
+    @property
+    def conversation(self) -> Conversation:
+        return self._conversation

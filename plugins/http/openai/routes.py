@@ -19,7 +19,7 @@ from ..access_log import log_generation
 from ..aliases import Aliases
 from ..bridge import EventBridge
 from ..body import read_as
-from ..images import ImageLoader, has_images
+from ..images import ImageLoader
 from ..info.metrics import METRICS
 from ..keys.auth import door_time, request_key
 from ..keys.limits import HEADERS, KeyLimits
@@ -79,11 +79,12 @@ class OpenAIRoutes:
     async def load_images(self, req, model: str | None = None) -> None:
         """Fetch, decode and check a chat's images at its model's tile size (a 400 naming the
         first bad one; a text-only model refuses them all), before the request is prepared."""
-        if not isinstance(req, ChatFields) or not has_images(req.messages):
+        images = req.conversation.images() if isinstance(req, ChatFields) else []
+        if not images:
             return
         runtime = self.preparer.chat_runtime(req, model)
         runtime.loop.check_takes_images()
-        await self.images.load(req.messages, runtime.engine.info.vision.tile)
+        await self.images.load(images, runtime.engine.info.vision.tile)
 
     def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
         """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop

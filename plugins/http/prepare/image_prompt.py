@@ -1,7 +1,15 @@
 """A chat's prompt with images in it: rendered by the chat template with a marker where each
-image was, then tokenized piece by piece with each marker replaced by the image's tokens (the
+image goes, then tokenized piece by piece with each marker replaced by the image's tokens (the
 model's image-start tokens, one placeholder per embedding row, its image-end tokens) and the
 positions its rows fill (:class:`superfluid.core.media.MediaSpan`).
+
+Where an image goes is the template's to say when it can: a template that writes a placeholder
+of its own for a ``{"type": "image"}`` part (probed once,
+:func:`superfluid.core.formats.template_messages.content_caps`) is given typed parts, and the
+k-th placeholder in what it renders becomes the k-th image's marker. A template that writes
+nothing distinguishable for an image (or renders the placeholders a different number of times
+than there are images, e.g. when user text holds the same characters) gets the conversation's
+text with the markers where the images were, as a string.
 
 A marker is a private-use character pair around the image's number, which no chat template
 writes and which tokenizes to nothing the template could split. A rendered prompt whose markers
@@ -12,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Callable
 
 from superfluid.core.errors import InvalidRequest
+from superfluid.core.formats.template_messages import ContentCaps
 from superfluid.core.media import Image, MediaSpan
 
 from ..content import ImagePart
@@ -22,16 +32,20 @@ _OPEN, _CLOSE = "\ue000", "\ue001"
 _MARKER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 
 
-class ImageMarkers:
-    """Numbers a chat's image parts in the order the messages are rendered (its
-    :meth:`__call__` is a message's ``image_marker``)."""
+def marker(number: int) -> str:
+    """The text that stands for the conversation's image ``number`` until the prompt is tokenized."""
+    return f"{_OPEN}{number}{_CLOSE}"
 
-    def __init__(self) -> None:
-        self.images: list[ImagePart] = []
 
-    def __call__(self, part: ImagePart) -> str:
-        self.images.append(part)
-        return f"{_OPEN}{len(self.images) - 1}{_CLOSE}"
+def render_images(render: Callable[[bool], str], content: ContentCaps, count: int) -> str:
+    """The prompt ``render(typed_images)`` gives, with ``count`` images' markers in it: at the
+    template's own placeholders when it places typed image parts, else as rendered from text."""
+    if count and content.typed_images:
+        text = render(True)
+        pieces = text.split(content.image)
+        if len(pieces) == count + 1:
+            return "".join(piece + (marker(k) if k < count else "") for k, piece in enumerate(pieces))
+    return render(False)
 
 
 def stand_in(part: ImagePart) -> Image:

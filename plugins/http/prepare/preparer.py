@@ -6,8 +6,10 @@ What needs the served model is checked here, as a 400 naming the field, before a
 it (token ids against the vocabulary, max_tokens against the context, features the engine
 lacks); what the model's loop checks on submit for every front end (the prompt against the
 context length, a generation from an embedding-only model, a schema llguidance cannot
-enforce) is not repeated. Other front ends (sessions now; Messages, Responses, Ollama) map their
-requests onto these typed requests and reuse this path."""
+enforce) is not repeated. Other front ends (sessions; Messages, Responses, Ollama) reuse this
+path: a chat's prompt is rendered from its :attr:`~..openai.chat_protocol.ChatFields.conversation`
+(:class:`~superfluid.core.formats.conversation.Conversation`), which each front end maps from its
+own typed request, and its generation parameters are chat's typed fields."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from typing import Callable
 
 import attrs
 
-from superfluid.core.chat import render_chat
+from superfluid.core.chat import render_chat, template_caps
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
+from superfluid.core.formats.conversation import Conversation
 from superfluid.core.formats.setup import chat_of
+from superfluid.core.formats.template_messages import content_caps
 from superfluid.core.media import MediaSpan
 from superfluid.core.request import Request, new_request_id
 
@@ -26,9 +30,8 @@ from ..openai.chat_protocol import ChatFields
 from ..openai.protocol import CompletionRequest, InfillRequest
 from . import logprob_format, params, reply_read, response_format, tool_plan
 from ..aliases import Aliases
-from ..images import has_images
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
-from .image_prompt import ImageMarkers, tokenize_with_images
+from .image_prompt import tokenize_with_images
 from .qos_class import batch_invariant, request_class
 from .reasoning import Reasoning, reasoning_of, template_kwargs, thinking_budget
 from .tool_format import ToolPlan
@@ -138,11 +141,13 @@ class Preparer:
     # ---- prompts ---------------------------------------------------------------------------
 
     @staticmethod
-    def chat_prefix_tokens(runtime, messages: list[dict]) -> list[int]:
-        """The tokens a conversation starting with ``messages`` begins with (no generation
+    def chat_prefix_tokens(runtime, conversation: Conversation) -> list[int]:
+        """The tokens a conversation starting with ``conversation`` begins with (no generation
         prompt): e.g. a session's system prompt, to pin its KV."""
-        info = runtime.engine.info
-        return _chat_tokens(runtime, render_chat(chat_of(runtime).template, messages, bos_token=info.bos_token,
+        info, template = runtime.engine.info, chat_of(runtime).template
+        messages = conversation.template_messages(template_caps(template) if template else None,
+                                                  content_caps(template))
+        return _chat_tokens(runtime, render_chat(template, messages, bos_token=info.bos_token,
                                                  eos_token=info.eos_token, add_generation_prompt=False))
 
     def chat_runtime(self, req, model: str | None = None):
@@ -160,22 +165,22 @@ class Preparer:
         """:meth:`chat_prompt` and the rendered prompt's text."""
         runtime = self.chat_runtime(req, model)
         info, chat = runtime.engine.info, chat_of(runtime)
-        markers = ImageMarkers() if has_images(req.messages) else None
-        if markers is not None:
+        conversation = req.conversation
+        images = [image.ref for image in conversation.images()]
+        if images:
             runtime.loop.check_takes_images()
-        messages = [m.for_template(markers) for m in req.messages]
         kwargs = dict(bos_token=info.bos_token, eos_token=info.eos_token, **template_kwargs(req))
         fmt = reply_format(chat, self.daemon)
         grammars = getattr(runtime.engine.capabilities, "grammars", False)
         tools = tool_plan.plan(req, fmt, grammars)
         if tools.forced:  # a forced call closes a reasoning span the generation prompt opens
-            opened = _opened_span(chat, messages, tools, kwargs)
+            opened = _opened_span(chat, conversation, tools, kwargs)
             if opened:
                 tools = tool_plan.plan(req, fmt, grammars, opened=opened)
-        text = render_prompt(chat.template, messages, tools, add_generation_prompt=True, **kwargs)
-        if markers is None:
+        text = render_prompt(chat.template, conversation, tools, add_generation_prompt=True, **kwargs)
+        if not images:
             return runtime, _chat_tokens(runtime, text), tools, (), text
-        tokens, spans = tokenize_with_images(runtime, text, markers.images, lambda t: _chat_tokens(runtime, t))
+        tokens, spans = tokenize_with_images(runtime, text, images, lambda t: _chat_tokens(runtime, t))
         return runtime, tokens, tools, spans, text
 
     def chat_text(self, req, model: str | None = None) -> str:
@@ -329,14 +334,14 @@ def _sibling(first: Request, bridge, index: int) -> Request:
                         prompt_logprobs=None, meta={**first.meta, "choice": index})
 
 
-def _opened_span(chat, messages: list[dict], tools, kwargs: dict) -> str:
+def _opened_span(chat, conversation: Conversation, tools, kwargs: dict) -> str:
     """The end marker of the reasoning span a chat's generation prompt opens ("" if none): what a
     forced call's pre-fill writes first, so the call is read as the answer, not as thinking."""
     fmt = chat.detected.reasoning
     if fmt is None:
         return ""
     plain = attrs.evolve(tools, prefill="")
-    text = render_prompt(chat.template, messages, plain, add_generation_prompt=True, **kwargs)
+    text = render_prompt(chat.template, conversation, plain, add_generation_prompt=True, **kwargs)
     return fmt.end if fmt.opened_by(text) else ""
 
 

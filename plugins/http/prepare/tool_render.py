@@ -9,12 +9,16 @@ turn's and the prefix cache serves it. A forced call's pre-fill ends the prompt.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
-from superfluid.core.chat import render_chat, template_caps
+import attrs
 
-from .tool_format import ToolPlan, arguments, call_text
+from superfluid.core.chat import render_chat, template_caps
+from superfluid.core.formats.conversation import Conversation, Message, TextPart
+from superfluid.core.formats.template_messages import content_caps
+
+from .image_prompt import marker, render_images
+from .tool_format import ToolPlan, call_text
 
 SYSTEM = (
     "# Tools\n\n"
@@ -26,49 +30,38 @@ SYSTEM = (
     "<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
 
 
-def _as_text(messages: list[dict], caps, native: bool) -> list[dict]:
-    """History the template cannot render, rewritten deterministically as Hermes text."""
-    out: list[dict] = []
-    for msg in messages:
-        if msg.get("tool_calls") and not (native and caps.tool_calls):
-            calls = "\n".join(call_text(c["function"]["name"], c["function"].get("arguments"))
-                              for c in msg["tool_calls"])
-            text = f"{msg['content']}\n{calls}" if msg["content"] else calls
-            msg = {k: v for k, v in msg.items() if k != "tool_calls"} | {"content": text}
-        elif msg.get("tool_calls") and (caps.object_arguments or caps.short_ids):
-            msg = msg | {"tool_calls": [c | {"id": _call_id(c.get("id"), caps), "function": c["function"] | {
-                "arguments": arguments(c["function"].get("arguments")) if caps.object_arguments
-                else c["function"].get("arguments")}} for c in msg["tool_calls"]]}
-        elif msg["role"] == "tool" and not (native and caps.tool_role):
-            result = f"<tool_response>\n{msg['content']}\n</tool_response>"
+def _as_text(conversation: Conversation, caps, native: bool) -> Conversation:
+    """History the template cannot render, rewritten deterministically as Hermes text (a
+    message's images stay where they were)."""
+    out: list[Message] = []
+    results: set[int] = set()  # the user turns that hold tool results (consecutive ones share one)
+    for msg in conversation.messages:
+        if msg.tool_calls and not (native and caps.tool_calls):
+            calls = "\n".join(call_text(c.name, c.arguments) for c in msg.tool_calls)
+            parts = (*msg.parts, TextPart("\n" + calls)) if msg.has_content else (TextPart(calls),)
+            msg = attrs.evolve(msg, parts=parts, tool_calls=())
+        elif msg.role == "tool" and not (native and caps.tool_role):
+            wrapped = (TextPart("<tool_response>\n"), *msg.parts, TextPart("\n</tool_response>"))
             if not caps.tool_role:  # as a user turn; consecutive results share one
-                if out and out[-1].get("_results"):
-                    out[-1]["content"] += "\n" + result
+                if out and len(out) - 1 in results:
+                    out[-1] = attrs.evolve(out[-1], parts=(*out[-1].parts, TextPart("\n"), *wrapped))
                     continue
-                out.append({"role": "user", "content": result, "_results": True})
+                results.add(len(out))
+                out.append(Message("user", wrapped))
                 continue
-            msg = msg | {"content": result}
-        elif msg["role"] == "tool" and caps.short_ids:
-            msg = msg | {"tool_call_id": _call_id(msg.get("tool_call_id"), caps)}
+            msg = attrs.evolve(msg, parts=wrapped)
         out.append(msg)
-    return [{k: v for k, v in m.items() if k != "_results"} for m in out]
+    return Conversation(out)
 
 
-def _call_id(call_id: str | None, caps) -> str | None:
-    """A call's id as the template takes it: for one that wants 9 letters and digits (Mistral's),
-    a stable digest of the client's id, so a call and its result still match and every turn
-    renders the same prefix."""
-    if not caps.short_ids or call_id is None or (len(call_id) == 9 and call_id.isalnum()):
-        return call_id
-    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
-
-
-def _with_system_block(messages: list[dict], tools: ToolPlan) -> list[dict]:
+def _with_system_block(conversation: Conversation, tools: ToolPlan) -> Conversation:
     """The tools described in the system message (one is added if the history has none)."""
     block = SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools.tools))
-    if messages[0]["role"] == "system":
-        return [messages[0] | {"content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
+    messages = conversation.messages
+    if messages and messages[0].role in ("system", "developer"):
+        first = attrs.evolve(messages[0], parts=(*messages[0].parts, TextPart("\n\n" + block)))
+        return Conversation((first, *messages[1:]))
+    return Conversation((Message.plain("system", block), *messages))
 
 
 HERMES = "hermes"  # the format the fallback system message asks for
@@ -89,29 +82,25 @@ def reply_format(chat, daemon):
     return formats.tool_formats.get(HERMES) if formats is not None else None
 
 
-def _with_thinking(message: dict) -> dict:
-    """An assistant turn's reasoning also as ``thinking``, the key gpt-oss' and LFM2.5's templates
-    read it from (gpt-oss refuses a call turn with both content and thinking: such a turn keeps
-    its content and drops the thinking, as its template asks)."""
-    thought = message.get("reasoning_content")
-    if thought is None or (message.get("tool_calls") and message.get("content")):
-        return message
-    return message | {"thinking": thought}
-
-
-def render_prompt(template: str | None, messages: list[dict], tools: ToolPlan, **kw) -> str:
+def render_prompt(template: str | None, conversation: Conversation, tools: ToolPlan, **kw) -> str:
     """The prompt text: the template's own tool rendering where it has one, else the Hermes system
-    message; then the forced opening of a call, if any."""
+    message; images where the template puts them (:func:`.image_prompt.render_images`); then the
+    forced opening of a call, if any."""
     caps = template_caps(template) if template else None
     if caps is None:
-        return render_chat(template, messages, **kw)  # raises: no template
+        return render_chat(template, conversation.template_messages(), **kw)  # raises: no template
     native = caps.tools
-    if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        messages = _as_text(messages, caps, native)
-    if "thinking" in template and any("reasoning_content" in m for m in messages):
-        messages = [_with_thinking(m) for m in messages]
-    if tools.active and native:
-        text = render_chat(template, messages, tools=list(tools.tools), **kw)
-    else:
-        text = render_chat(template, _with_system_block(messages, tools) if tools.active else messages, **kw)
+    if any(m.tool_calls or m.role == "tool" for m in conversation.messages):
+        conversation = _as_text(conversation, caps, native)
+    offered = {"tools": list(tools.tools)} if tools.active and native else {}
+    if tools.active and not native:
+        conversation = _with_system_block(conversation, tools)
+    content, thinking = content_caps(template), "thinking" in template
+
+    def render(typed_images: bool) -> str:
+        messages = conversation.template_messages(caps, content, image_text=marker, typed_images=typed_images,
+                                                  thinking=thinking)
+        return render_chat(template, messages, **offered, **kw)
+
+    text = render_images(render, content, len(conversation.images()))
     return text + (tools.prefill if tools.active else "")

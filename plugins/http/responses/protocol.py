@@ -95,9 +95,6 @@ class ResponsesImagePart(Lenient):
             raise fail("missing_required_parameter", "is required (file_id images are not served: send a data: URL)")
         return url
 
-    def as_chat_part(self) -> dict:
-        return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail or "auto"}}
-
 
 class ResponsesUnservedPart(Lenient):
     """Any other part (images, files, audio, unknown types): refused, naming ``….type``."""
@@ -124,15 +121,6 @@ def content_text(content: Content) -> str:
         return content
     return "".join(p.text if isinstance(p, ResponsesTextPart) else p.refusal for p in content
                    if not isinstance(p, ResponsesImagePart))
-
-
-def chat_content(content: Content) -> str | list[dict]:
-    """A content as chat's: its text, or (when it holds images) chat's parts in order."""
-    if isinstance(content, str) or not any(isinstance(p, ResponsesImagePart) for p in content):
-        return content_text(content)
-    return [p.as_chat_part() if isinstance(p, ResponsesImagePart)
-            else {"type": "text", "text": p.text if isinstance(p, ResponsesTextPart) else p.refusal}
-            for p in content]
 
 
 # ---- input items -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..body import read_as
 from ..keys.auth import check_model, may_see, request_key
 from ..manage.sessions import SessionRoutes, reply_message
 from .chains import Chains
-from .mapping import chat_request, input_messages
+from .mapping import chat_request, input_messages, stored
 from .objects import ResponseShape
 from .protocol import ResponsesInput, ResponsesInputTokensRequest, ResponsesRequest
 from .wire import ResponsesWire
@@ -86,7 +86,7 @@ class ResponsesRoutes:
                 if req.store and reply.message is not None:
                     prep = wire.prep
                     reply.session = self.chains.record(
-                        request, session, model=prep.runtime.name, qos=prep.request.qos, new=new,
+                        request, session, model=prep.runtime.name, qos=prep.request.qos, new=stored(new),
                         reply=reply.message, prompt_tokens=reply.prompt_tokens, response=response)
 
             wire = ResponsesWire(ResponseShape(req), on_response=responded)
@@ -120,7 +120,7 @@ class ResponsesRoutes:
                                  f"conversation runs on {session.model!r}", param="model", code="invalid_value")
         return session, runtime
 
-    async def _chat(self, req: ResponsesInput, new: list[dict], session, runtime):
+    async def _chat(self, req: ResponsesInput, new: list, session, runtime):
         """The chat request the response runs: alone, or after its session's history (which, with
         ``truncation: auto``, drops its oldest messages when it outgrows the context)."""
         if session is None:
