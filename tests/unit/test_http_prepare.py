@@ -231,3 +231,30 @@ def test_echo_scores_the_prompt_and_max_tokens_0_only_scores():
         with pytest.raises(InvalidRequest) as info:
             full(body, kind="completion")
         assert info.value.param == param
+
+
+def test_how_the_prompt_ends_follows_the_request():
+    # transformers' add_generation_prompt / continue_final_message, as vLLM takes them in a chat
+    partial = ASK + [{"role": "assistant", "content": "Hello, my name"}]
+    _, engine, _ = prepare({"messages": partial, "continue_final_message": True})
+    assert engine.texts[-1].endswith("<|im_start|>assistant\nHello, my name")
+    _, engine, _ = prepare({"messages": ASK, "add_generation_prompt": False})
+    assert engine.texts[-1].endswith("hi there<|im_end|>\n")
+    _, engine, _ = prepare({"messages": ASK})
+    assert engine.texts[-1].endswith("<|im_start|>assistant\n")
+    with pytest.raises(InvalidRequest) as info:
+        prepare({"messages": partial, "continue_final_message": True, "add_generation_prompt": True})
+    assert info.value.param == "continue_final_message"
+
+
+def test_documents_reach_a_template_that_renders_them():
+    rag = ("{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% endfor %}"
+           "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    daemon = FakeDaemon()
+    daemon.runtime.engine.info.chat_template = rag
+    req = parse(ChatCompletionRequest, {"messages": ASK, "documents": [{"title": "Paris", "text": "21C, sunny"}]})
+    assert Preparer(daemon, CONFIG).chat_text(req) == "[Paris] 21C, sunny\nuser: hi there\n"
+    smuggled = parse(ChatCompletionRequest, {"messages": ASK, "chat_template_kwargs": {"documents": []}})
+    with pytest.raises(InvalidRequest) as info:  # the server sets documents; kwargs may not
+        Preparer(daemon, CONFIG).chat_text(smuggled)
+    assert info.value.param == "chat_template_kwargs"

@@ -200,6 +200,15 @@ class ChatFields(GenerationFields):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="extra variables for the chat template (e.g. {\"enable_thinking\": false}); "
                           "they win over reasoning_effort")
+    add_generation_prompt: bool | None = Field(
+        None, description="end the prompt with the template's generation prompt (default true; false with "
+                          "continue_final_message)")
+    continue_final_message: bool | None = Field(
+        None, description="end the prompt where the last message's content ends, so the model goes on writing it "
+                          "(an assistant message to continue); cannot be combined with add_generation_prompt true")
+    documents: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="documents for a template that renders them (its documents variable: retrieval-augmented "
+                          "templates such as Command R's and Granite's)")
     thinking_budget: Annotated[int, Field(ge=1)] | None = Field(
         None, description="a reasoning model's thinking held to this many tokens: after them the model may only "
                           "close its think span, then answer (enforced by the scheduler's sampling); ignored for "
@@ -213,6 +222,14 @@ class ChatFields(GenerationFields):
     def conversation(self) -> Conversation:
         """The messages as the prompt is rendered from them."""
         return Conversation(m.as_message(i) for i, m in enumerate(self.messages))
+
+    @field_validator("continue_final_message", mode="after")
+    @classmethod
+    def _continue_without_generation_prompt(cls, value, info: ValidationInfo):
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message continues the last message; it cannot also add a generation "
+                             "prompt (leave add_generation_prompt unset or false)")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -33,7 +33,7 @@ from ..aliases import Aliases
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .image_prompt import tokenize_with_images
 from .qos_class import batch_invariant, request_class
-from .reasoning import Reasoning, reasoning_of, template_kwargs, thinking_budget
+from .reasoning import Reasoning, reasoning_of, render_flags, template_kwargs, thinking_budget
 from .tool_format import ToolPlan
 from .tool_render import render_prompt, reply_format
 
@@ -177,7 +177,7 @@ class Preparer:
             opened = _opened_span(chat, conversation, tools, kwargs)
             if opened:
                 tools = tool_plan.plan(req, fmt, grammars, opened=opened)
-        text = render_prompt(chat.template, conversation, tools, add_generation_prompt=True, **kwargs)
+        text = render_prompt(chat.template, conversation, tools, **render_flags(req), **kwargs)
         if not images:
             return runtime, _chat_tokens(runtime, text), tools, (), text
         tokens, spans = tokenize_with_images(runtime, text, images, lambda t: _chat_tokens(runtime, t))

@@ -33,7 +33,17 @@ class Reasoning:
 
 
 #: what a chat template is always given; chat_template_kwargs may not set them
-_TEMPLATE_OWN = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"})
+_TEMPLATE_OWN = frozenset({"messages", "tools", "bos_token", "eos_token", "add_generation_prompt",
+                           "continue_final_message", "documents"})
+
+
+def render_flags(req) -> dict:
+    """How a chat's prompt ends, and its documents: ``add_generation_prompt`` (default true,
+    false when ``continue_final_message`` is set), ``continue_final_message``, ``documents``."""
+    keep_going = bool(getattr(req, "continue_final_message", None))
+    generation = getattr(req, "add_generation_prompt", None)
+    return {"add_generation_prompt": (not keep_going) if generation is None else generation,
+            "continue_final_message": keep_going, "documents": getattr(req, "documents", None)}
 
 
 def template_kwargs(req) -> dict:
