@@ -26,6 +26,16 @@ def builtin_formats() -> list:
     return out
 
 
+def builtin_registry():
+    """A registry of the built-in formats alone (tools and tests that need no plugin manager)."""
+    from superfluid.core.formats.registry import FormatRegistry
+
+    registry = FormatRegistry()
+    for fmt in builtin_formats():
+        registry.add(fmt)
+    return registry
+
+
 @hookimpl
 def superfluid_add_chat_formats(register):
     for fmt in builtin_formats():

@@ -510,10 +510,6 @@ def lane_plans(engine: FakeEngine, first_token: int):
 
 def format_registry():
     """The chat formats the built-in plugin registers (what a daemon's ``formats`` holds)."""
-    from superfluid.core.formats.registry import FormatRegistry
-    from superfluid.plugins.formats import builtin_formats
+    from superfluid.plugins.formats import builtin_registry
 
-    registry = FormatRegistry()
-    for fmt in builtin_formats():
-        registry.add(fmt)
-    return registry
+    return builtin_registry()

@@ -17,21 +17,13 @@ from superfluid.core.chat import render_chat
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.formats.forced import forced_call
 from superfluid.core.formats.reader import ReplyReader
-from superfluid.core.formats.registry import FormatRegistry
 from superfluid.core.request import TEXT_VALUE
-from superfluid.plugins.formats import builtin_formats, roundtrip
+from superfluid.plugins.formats import builtin_registry, roundtrip
 
 TEMPLATES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
 
 
-def _registry() -> FormatRegistry:
-    reg = FormatRegistry()
-    for fmt in builtin_formats():
-        reg.add(fmt)
-    return reg
-
-
-REG = _registry()
+REG = builtin_registry()
 
 
 def template(stem: str) -> str:

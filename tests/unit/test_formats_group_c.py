@@ -19,7 +19,7 @@ from superfluid.core.formats.forced import forced_call
 from superfluid.core.formats.reader import ReplyReader
 from superfluid.core.formats.registry import Detected, FormatRegistry
 from superfluid.core.formats.stream import StreamReader
-from superfluid.plugins.formats import builtin_formats, roundtrip
+from superfluid.plugins.formats import builtin_registry, roundtrip
 
 TEMPLATES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
 MINE = {"functionary-v3.1", "functionary-v3.2", "command-r7b", "command-r-plus", "granite", "apertus",
@@ -33,11 +33,8 @@ OPTIONS = {"name": "options", "parameters": {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def reg() -> FormatRegistry:
-    """Every built-in format, registered as tools/formats/check.py registers them."""
-    out = FormatRegistry()
-    for fmt in builtin_formats():
-        out.add(fmt)
-    return out
+    """Every built-in format."""
+    return builtin_registry()
 
 
 def template(stem: str) -> str:

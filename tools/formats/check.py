@@ -11,16 +11,13 @@ import argparse
 import pathlib
 
 from superfluid.core.formats.registry import FormatRegistry
-from superfluid.plugins.formats import builtin_formats, roundtrip
+from superfluid.plugins.formats import builtin_registry, roundtrip
 
 DEFAULT_DIR = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
 
 
 def registry() -> FormatRegistry:
-    reg = FormatRegistry()
-    for fmt in builtin_formats():
-        reg.add(fmt)
-    return reg
+    return builtin_registry()
 
 
 def main(argv=None) -> int:
