@@ -238,9 +238,11 @@ def test_stream_tool_call_chunks(srv):
         model=srv.model, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=srv.json_tokens, temperature=0, stream=True,
         tool_choice={"type": "function", "function": {"name": "get_weather"}}))
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    # the call's first piece has its id and name, the others only pieces of its arguments
+    assert deltas and all(d.index == 0 for d in deltas) and deltas[0].id.startswith("call_")
     assert deltas[0].function.name == "get_weather"
-    Weather.model_validate_json(deltas[0].function.arguments)
+    assert all(d.id is None and d.function.name is None for d in deltas[1:])
+    Weather.model_validate_json("".join(d.function.arguments or "" for d in deltas))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
