@@ -15,8 +15,10 @@ what it is. No HTTP here: the front ends place the two parts where their API put
 - Whitespace next to the markers (the newlines after ``<think>`` and around ``</think>``) is
   trimmed; text after the end marker is content as it comes, a second span included.
 
-The markers are a parameter (:class:`Markers`); :data:`PARSERS` names the known pairs, the
-names the ``reasoning-parser`` option takes."""
+The markers are a parameter (:class:`Markers`). Which span a model's replies have is its chat
+format's (:mod:`superfluid.core.formats`): the serving path reads replies through
+:class:`~superfluid.core.formats.reader.ReplyReader`; this parser follows a span token by token,
+which is how a reply's reasoning tokens are counted."""
 
 from __future__ import annotations
 
@@ -33,8 +35,6 @@ class Markers:
 
 THINK = Markers("<think>", "</think>")  # Qwen3, QwQ, DeepSeek-R1 and its distills
 
-#: the ``reasoning-parser`` option's values besides ``auto`` and ``none``
-PARSERS: dict[str, Markers] = {"think": THINK}
 
 _OPENING, _INSIDE, _CLOSED = "opening", "inside", "closed"
 
@@ -45,20 +45,6 @@ def _partial(text: str, marker: str) -> int:
         if text.endswith(marker[:k]):
             return k
     return 0
-
-
-def detect(template: str | None) -> Markers | None:
-    """The markers a chat template tells of: one that mentions ``<think>`` makes a reasoning
-    model; otherwise none (the reply is all content, as before)."""
-    if template and THINK.start in template:
-        return THINK
-    return None
-
-
-def starts_inside(prompt: str, markers: Markers) -> bool:
-    """The rendered prompt ends inside an opened span (its generation prompt ends ``<think>\\n``)."""
-    head = prompt.rstrip()
-    return head.endswith(markers.start)
 
 
 class ReasoningParser:

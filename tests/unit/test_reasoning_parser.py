@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from superfluid.core.reasoning import (PARSERS, THINK, Markers, ReasoningParser, detect, starts_inside)
+from superfluid.core.reasoning import THINK, Markers, ReasoningParser
+from superfluid.plugins.formats.reasoning import THINK as THINK_FORMAT
 
 
 def run(deltas, inside=False, markers=THINK):
@@ -115,10 +116,9 @@ def test_other_markers():
 
 
 def test_detect_and_starts_inside():
-    assert detect("{{ '<think>\\n' }}") is THINK
-    assert detect("{% for m in messages %}{{ m.content }}{% endfor %}") is None
-    assert detect(None) is None
-    assert starts_inside("<|im_start|>assistant\n<think>\n", THINK)
-    assert not starts_inside("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)
-    assert not starts_inside("<|im_start|>assistant\n", THINK)
-    assert PARSERS["think"] is THINK
+    # the serving path's detection and opened-span check: the think format's
+    assert THINK_FORMAT.detect("{{ '<think>\\n' }}{{ '</think>' }}") > 0
+    assert THINK_FORMAT.detect("{% for m in messages %}{{ m.content }}{% endfor %}") == 0
+    assert THINK_FORMAT.opened_by("<|im_start|>assistant\n<think>\n")
+    assert not THINK_FORMAT.opened_by("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not THINK_FORMAT.opened_by("<|im_start|>assistant\n")
