@@ -17,6 +17,7 @@ returns is a prefix of what the whole read of any longer reply gives. The stream
 from __future__ import annotations
 
 import abc
+import copy
 from typing import ClassVar
 
 from ..request import JsonChoice
@@ -68,6 +69,27 @@ class ToolFormat(abc.ABC):
         is content; calls None: a call's syntax is broken, so the whole reply is content. Partial:
         the reply goes on, so text that may become a marker is held back, and the last call may
         be unfinished (its name complete, its arguments a prefix)."""
+
+    #: per tool name, the parameters its schema declares strings; set on a copy by
+    #: :meth:`knowing_strings` (formats that write strings raw read a number-like text as text)
+    strings: ClassVar[dict[str, frozenset[str]]] = {}
+
+    def knowing_strings(self, strings: dict[str, frozenset[str]]) -> "ToolFormat":
+        """This format for one request whose tools declare ``strings``: a copy that knows them,
+        for formats whose values carry no type of their own (XML parameters: ``75001`` is a zip
+        code where the schema says string). Formats that read JSON ignore it."""
+        if not strings or not self.reads_raw_values:
+            return self
+        clone = copy.copy(self)
+        clone.strings = strings
+        return clone
+
+    #: values are written raw, with no type of their own (XML-parameter syntaxes)
+    reads_raw_values: ClassVar[bool] = False
+
+    def is_string(self, tool: str, key: str) -> bool:
+        """Whether the request's schema declares ``key`` of ``tool`` a string."""
+        return key in self.strings.get(tool, ())
 
     # ---- writing one call (forced calls) ------------------------------------------------------
 

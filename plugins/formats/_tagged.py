@@ -137,6 +137,8 @@ class TaggedParams(SectionCalls):
     """Calls as ``call_open NAME head_end`` then, per argument, ``param_open KEY... param_head_end
     VALUE value_close``, then ``call_close``."""
 
+    reads_raw_values = True
+
     head_end: ClassVar[str]
     param_open: ClassVar[str]
     param_head_end: ClassVar[str]
@@ -186,7 +188,8 @@ class TaggedParams(SectionCalls):
                     if key is None or key[0] in args:
                         return None
                     try:
-                        args[key[0]] = self.value(text[value_at:close], key[1])
+                        is_string = True if key[1] is None and self.is_string(name, key[0]) else key[1]
+                        args[key[0]] = self.value(text[value_at:close], is_string)
                     except ValueError:
                         return None
                     pos = close + len(self.value_close)

@@ -33,6 +33,13 @@ PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
 _VALUE_ENDS = (PARAMETER_CLOSE, PARAMETER_OPEN, FUNCTION_CLOSE)
 
 
+def xml_text(raw: str) -> str:
+    """A string parameter's value: its text, less the line break each side that is layout."""
+    if raw.startswith("\n"):
+        raw = raw[1:]
+    return raw[:-1] if raw.endswith("\n") else raw
+
+
 def xml_value(raw: str):
     """A parameter's value from its text between the tags (one line break each side is layout):
     JSON when it is a JSON value other than a string, else the text itself."""
@@ -56,6 +63,7 @@ def _is_text(schema: dict) -> bool:
 
 class Qwen3Coder(ToolFormat):
     name = "qwen3-coder"
+    reads_raw_values = True
     description = "<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call> " \
                   "(Qwen3-Coder, Nemotron 3, Step 3.5)"
     call_tail = FUNCTION_CLOSE + "\n" + CALL_CLOSE
@@ -129,7 +137,8 @@ class Qwen3Coder(ToolFormat):
                     key = text[pos + len(PARAMETER_OPEN):key_end].strip()
                     if not key:
                         return None, None
-                    args[key] = xml_value(text[key_end + 1:value_end])
+                    raw = text[key_end + 1:value_end]
+                    args[key] = xml_text(raw) if self.is_string(name, key) else xml_value(raw)
                     pos = value_end
                     if text.startswith(PARAMETER_CLOSE, pos):
                         pos += len(PARAMETER_CLOSE)

@@ -49,7 +49,7 @@ class SeedOss(TaggedParams):
         return 30 if SECTION_OPEN in template else 0
 
     def value(self, raw: str, is_string):
-        return python_or_text(raw)
+        return raw if is_string else python_or_text(raw)
 
     def call_lead_text(self, name: str) -> str:
         return f"{SECTION_OPEN}\n<function={name}>"

@@ -29,11 +29,24 @@ class Parsed:
 def reader(tools: ToolPlan, thinks=None) -> ReplyReader:
     """The reader of a chat's reply (``thinks``: its :class:`~.reasoning.Reasoning`, or None)."""
     fmt = tools.fmt if tools.active or getattr(tools.fmt, "reads_reasoning", False) else None
+    if fmt is not None and tools.active:
+        fmt = fmt.knowing_strings(string_parameters(tools.tools))
     return ReplyReader(
         tool_format=fmt, reasoning=thinks.format if thinks is not None else None,
         tools=frozenset(tools.names) if tools.active else frozenset(),
         forced=tools.name if tools.choice == "function" else None, parallel=tools.parallel,
         inside=bool(thinks is not None and thinks.inside), prefill=tools.prefill)
+
+
+def string_parameters(tools) -> dict[str, frozenset[str]]:
+    """Per offered tool, the parameters its schema declares strings (what a format that writes
+    values raw needs to keep ``75001`` a string)."""
+    out = {}
+    for tool in tools:
+        fn = tool["function"]
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        out[fn["name"]] = frozenset(k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string")
+    return out
 
 
 def parsed(reply: ParsedReply, finish_reason: str, ids: list[str] | None = None) -> Parsed:
