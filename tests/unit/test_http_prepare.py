@@ -258,3 +258,22 @@ def test_documents_reach_a_template_that_renders_them():
     with pytest.raises(InvalidRequest) as info:  # the server sets documents; kwargs may not
         Preparer(daemon, CONFIG).chat_text(smuggled)
     assert info.value.param == "chat_template_kwargs"
+
+
+def test_a_forced_call_closes_the_span_the_generation_prompt_opens():
+    from superfluid.core.formats.setup import chat_setup
+
+    from .fakes import format_registry
+
+    opens = ("{% if tools %}{% for t in tools %}<tool_call>{{ t | tojson }}</tool_call>{% endfor %}{% endif %}"
+             "{% if false %}</think>{% endif %}"
+             + CHATML.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'"))
+    daemon = FakeDaemon()
+    daemon.runtime.engine.info.chat_template = opens
+    daemon.runtime.chat = chat_setup(opens, format_registry())
+    assert daemon.runtime.chat.detected.reasoning.name == "think"
+    req = parse(ChatCompletionRequest, {"messages": ASK, "tools": [TOOL], "tool_choice": "required"})
+    text = Preparer(daemon, CONFIG).chat_text(req)
+    assert text.endswith('<|im_start|>assistant\n<think>\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments":')
+    prep = Preparer(daemon, CONFIG).prepare(FakeHttp(), req, arrived=1.0, make_sink=lambda s, n: FakeBridge(n))
+    assert prep.reader.inside and prep.reader.read(' {"city": "Paris"}}\n</tool_call>').calls[0].name == "get_weather"

@@ -25,13 +25,12 @@ class Choice:
         self.prep = prep
         self.shape = shape
         self.text = text
-        self.parts: list[str] = []  # the generated text, as released (a reasoning model's: its answer)
-        self.thoughts: list[str] = []  # a reasoning model's reasoning, as released
-        self.thinker = (prep.reasoning if getattr(prep, "reasoning", None) is not None
-                        and shape.kind == "chat" and not prep.score_only else None)
+        self.parts: list[str] = []  # the generated text, as it came
+        self.thoughts: list[str] = []  # a reasoning model's reasoning, as read
         self.reasoning_tokens = 0  # tokens generated inside the reasoning span
         # the span followed token by token (whatever the deltas' grouping), to count its tokens
-        self.counter = prep.reasoning.parser() if self.thinker is not None else None
+        thinks = getattr(prep, "reasoning", None)
+        self.counter = thinks.parser() if thinks is not None and shape.kind == "chat" and not prep.score_only else None
         self.logprobs: list = []  # the generated tokens' TokenLogprobs (a reply sent whole)
         reader = getattr(prep, "reader", None)
         self.reader = reader if reader is not None and reader.active and shape.kind == "chat" \

@@ -173,11 +173,13 @@ class Preparer:
         fmt = reply_format(chat, self.daemon)
         grammars = getattr(runtime.engine.capabilities, "grammars", False)
         tools = tool_plan.plan(req, fmt, grammars)
-        if tools.forced:  # a forced call closes a reasoning span the generation prompt opens
-            opened = _opened_span(chat, conversation, tools, kwargs)
-            if opened:
-                tools = tool_plan.plan(req, fmt, grammars, opened=opened)
         text = render_prompt(chat.template, conversation, tools, **render_flags(req), **kwargs)
+        span = chat.detected.reasoning
+        if tools.prefill and span is not None and span.opened_by(text[:len(text) - len(tools.prefill)]):
+            # the generation prompt opened a reasoning span: the forced call's pre-fill closes it
+            head = text[:len(text) - len(tools.prefill)]
+            tools = tool_plan.plan(req, fmt, grammars, opened=span.end)
+            text = head + tools.prefill
         if not images:
             return runtime, _chat_tokens(runtime, text), tools, (), text
         tokens, spans = tokenize_with_images(runtime, text, images, lambda t: _chat_tokens(runtime, t))
@@ -332,17 +334,6 @@ def _sibling(first: Request, bridge, index: int) -> Request:
         sampling = attrs.evolve(sampling, seed=seed if seed < 1 << 64 else seed - (1 << 64))
     return attrs.evolve(first, id=new_request_id(), sink=bridge.lane(index), sampling=sampling,
                         prompt_logprobs=None, meta={**first.meta, "choice": index})
-
-
-def _opened_span(chat, conversation: Conversation, tools, kwargs: dict) -> str:
-    """The end marker of the reasoning span a chat's generation prompt opens ("" if none): what a
-    forced call's pre-fill writes first, so the call is read as the answer, not as thinking."""
-    fmt = chat.detected.reasoning
-    if fmt is None:
-        return ""
-    plain = attrs.evolve(tools, prefill="")
-    text = render_prompt(chat.template, conversation, plain, add_generation_prompt=True, **kwargs)
-    return fmt.end if fmt.opened_by(text) else ""
 
 
 def _meta(kind: str, fim: bool, sampling, tools: ToolPlan, tenant: str | None = None) -> dict:
