@@ -58,6 +58,12 @@ class Config:
         return self.values.get(key, default)
 
 
+def _one_of(*values: str) -> Check:
+    def check(value):
+        return None if value in values else f"must be one of {', '.join(values)}"
+    return check
+
+
 def core_options() -> list[Option]:
     """The core's own options: models and the scheduler's knobs."""
     return [
@@ -69,6 +75,10 @@ def core_options() -> list[Option]:
                "requests for it are refused with a 400", model_scoped=True),
         Option("mmproj", str, None, "the model's vision half (a llama.cpp mmproj GGUF), so that it takes images; "
                "default: the one mmproj*.gguf beside the model file, if there is one", model_scoped=True, metavar="PATH"),
+        Option("image-encoding", str, "admission", "where a vision model encodes images: admission (on a "
+               "background thread of the engine's process, from the first tick that plans the lane, while other "
+               "lanes step) or tick (on the tick thread when the lane's feed reaches the image: every lane waits "
+               "for the encode)", _one_of("admission", "tick"), model_scoped=True, metavar="admission|tick"),
         Option("max-context", int, 0, "per-lane context window in tokens (0: the model's, at most 8192)",
                in_range(0, 1 << 20), model_scoped=True, metavar="N"),
         Option("prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 selects the adaptive controller",

@@ -189,6 +189,9 @@ class Scheduler:
             if res.restore_failed:
                 lane.lose_kv(self.kv.seed_failed(lane, lp.seed, lp.pos))
                 continue
+            if res.error is not None:  # this request alone failed in the engine; its slot is cleared
+                self.fail(lane, EngineFailure(f"model {self.name!r}: {res.error}", code="image_encoding_failed"))
+                continue
             lane.note_fed(res.n_fed, res.n_prefill)
             prefilled += res.n_prefill
             if res.n_prefill:

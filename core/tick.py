@@ -134,6 +134,8 @@ class LaneResult:
     prompt_logprobs: list[TokenLogprob] = attrs.field(factory=list)  # per target of the plan, in order
     embedding_sum: list[float] | None = None    # an embedding lane: the sum of its fed tokens' hidden states
     pooled: int = 0                             # how many tokens that sum holds
+    error: str | None = None                    # this lane's request failed in the engine (an image that could
+                                                # not be encoded): the scheduler fails it alone
 
 
 @attrs.define

@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from . import media_encoding
 from .artifact_writer import ArtifactWriter, write_atomically  # noqa: F401 (engines import it from here)
 from .media import EncoderCache
 from .stop_flag import StopFlag
@@ -39,7 +40,7 @@ class Work:
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
                  "was_decoding", "replay_from", "targets", "score_top", "embed", "ends_prompt",
-                 "media")
+                 "media", "held")
 
     def __init__(self, lp: LanePlan, accept: bool):
         self.slot = lp.slot
@@ -56,6 +57,9 @@ class Work:
         self.score_top = lp.score_top
         self.embed = lp.embed
         self.media = lp.media  # the images whose rows the feed holds (its negative tokens)
+        # how many of the feed's tokens may go before an image still encoding (None: all of them;
+        # set before each step by media_encoding.runnable, which keeps a lane held at 0 waiting)
+        self.held: int | None = None
         self.ends_prompt = lp.sample  # the feed reaches the end of the lane's tokens
         if lp.embed:
             self.sample = False
@@ -116,6 +120,10 @@ def prefill_shares(active: list[Work], plan: TickPlan, step_tokens: int) -> list
         count = min(len(w.feed), room)
         if w.replay_from is not None:
             count = min(count, w.replay_from - w.pos)
+        if w.held is not None:  # its feed reaches an image still encoding: what comes before it
+            count = min(count, w.held)
+        if count <= 0:
+            continue
         shares.append((w, count))
         room -= count
     return shares
@@ -288,6 +296,8 @@ class TickRunner(abc.ABC):
         t_start = time.perf_counter()
         result = TickResult()
         encodes = self.media.encodes if self.media is not None else 0
+        if self.media is not None:  # the lanes' images start encoding while the tick runs
+            media_encoding.prefetch(self.media, plan.lanes)
         for slot, key in plan.park:
             result.parked[key] = self.park(slot, key)
         for path, key in plan.load:
@@ -335,12 +345,25 @@ class TickRunner(abc.ABC):
 
     def _steps(self, work: list[Work], plan: TickPlan, result: TickResult) -> None:
         active = [w for w in work if w.feed]
+        images = self.media is not None and any(w.media for w in work)
+        started = time.perf_counter()
         while active:
             if self.stop_flag.stop_requested():
                 result.stopped_early = True
                 break
+            stepping = active
+            if images:  # a lane whose next rows are an image still encoding waits; the others step
+                stepping = media_encoding.runnable(active, self.media)
+                active = [w for w in active if w.feed]  # (a lane whose image failed has ended)
+                if not stepping:
+                    others = any(w.result.n_fed for w in work if not w.feed)  # their tokens can go out now
+                    if active and media_encoding.wait(active, self.media, others, started, plan.target_s,
+                                                      self.stop_flag):
+                        continue
+                    result.stopped_early = bool(active)
+                    break
             try:
-                went_on = self.advance(active, plan, result)
+                went_on = self.advance(stepping, plan, result)
             except PoolFull as full:  # the scheduler frees room and plans the rest again
                 result.rejected_tokens = full.n_tokens
                 result.stopped_early = True

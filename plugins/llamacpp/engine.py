@@ -53,6 +53,7 @@ class LlamaCppEngine(WorkerEngine):
             prefix_cache=not self.vocab.recurrent,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         self.mmproj = self._vision(model, core.mmproj)
+        self.image_encoding = core.image_encoding or "admission"
         self.worker = WorkerProcess(model.name)
 
     def _vision(self, model, configured: str | None) -> str | None:
@@ -138,7 +139,8 @@ class LlamaCppEngine(WorkerEngine):
                                  max_context=self.max_context, threads=self.threads,
                                  kv_unified=self.kv_unified, pool_cells=self.pool_cells,
                                  flash_attn=self.flash_attn, extra_buffers=self.extra_buffers.use,
-                                 mmproj=self.mmproj, image_rows=self.info.vision.rows if self.info.vision else 0)
+                                 mmproj=self.mmproj, image_rows=self.info.vision.rows if self.info.vision else 0,
+                                 image_encoding=self.image_encoding)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-llamacpp-{self.info.name}")
         info["extra_buffers"] = self.extra_buffers.describe()
         info["cpu_features"] = self.extra_buffers.features

@@ -11,6 +11,7 @@ import llama_cpp
 import numpy as np
 
 from superfluid.core.media import EncoderCache, leading_placeholders
+from superfluid.core.media_encoding import encoder_cache
 from superfluid.core.tick import StepTiming
 from superfluid.core.tick_runner import Work
 
@@ -26,11 +27,14 @@ class ImageSteps:
     media: EncoderCache | None = None
     _image_batch = None
 
-    def take_images(self, encode) -> None:
-        """Serve images: ``encode`` (an image to its embedding rows) behind the encoder cache."""
-        self.media = EncoderCache(encode)
+    def take_images(self, encode, mode: str | None = None) -> None:
+        """Serve images: ``encode`` (an image to its embedding rows) behind the encoder cache,
+        encoding on a background thread while ticks run (``mode`` "tick": on the tick)."""
+        self.media = encoder_cache(encode, mode)
 
     def free_images(self) -> None:
+        if self.media is not None and hasattr(self.media, "close"):
+            self.media.close()
         if self._image_batch is not None:
             llama_cpp.llama_batch_free(self._image_batch[0])
             self._image_batch = None
@@ -49,6 +53,8 @@ class ImageSteps:
             if room <= 0:
                 break
             count = min(leading_placeholders(w.feed), room)
+            if w.held is not None:  # up to an image still encoding
+                count = min(count, w.held)
             rows_view[n * width:(n + count) * width] = self.media.row_block(w.media, w.pos, count).reshape(-1)
             for i in range(count):
                 batch.pos[n + i] = w.pos + i

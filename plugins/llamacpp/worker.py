@@ -31,6 +31,7 @@ class WorkerSpec:
     extra_buffers: bool = True  # weights in llama.cpp's extra buffer types (decided in extra_buffers.py)
     mmproj: str | None = None   # the vision half: images are encoded in this worker (vision.py)
     image_rows: int = 0         # embedding rows an image fills (the daemon's layout)
+    image_encoding: str = "admission"  # encode on a background thread ("tick": on the tick thread)
 
 
 # Window layers hold every cell (llama_context_default_params' default, kept on purpose): with it off
@@ -160,7 +161,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         except RuntimeError as exc:
             conn.send(("error", str(exc)))
             return
-        runner.take_images(encoder)
+        runner.take_images(encoder, spec.image_encoding)
     conn.send(("ready", {"pid": os.getpid(), "n_ctx": n_ctx_real, "n_seq_max": n_seq,
                          "kv_unified": unified, "shared_pool": bool(n_swa > 0 or recurrent), "n_swa": n_swa,
                          "bytes_per_cell": pool.bytes_per_cell, "kv_bytes": kv_bytes, "kv_bytes_logged": logged, "kv_bytes_computed": computed,
@@ -171,8 +172,8 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     try:
         serve_ticks(conn, runner)
     finally:
+        runner.close()  # (its background encoder first: the mtmd context goes next)
         if encoder is not None:
             encoder.close()
-        runner.close()
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
