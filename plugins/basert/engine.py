@@ -109,6 +109,7 @@ class BasertEngine(VocabEngine):
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)
         self.vision_src, self.vision_shape = self._vision(model, core.mmproj)
+        self.image_encoding = core.image_encoding
         self.stop_flag = StopFlag()  # in-process: the runner reads it between steps
         self.model = None
         self.vision = None  # the vision tower, once started (a model that takes images)
@@ -174,7 +175,8 @@ class BasertEngine(VocabEngine):
         decoder = self._new_decoder(progress)
         self.runner = BasertRunner(self.model, self.pool, set(self.vocab.eog), self.stop_flag, device=self.device,
                                  speculate=self.speculate, constrainer=self.constrainer, decoder=decoder,
-                                 encoder=vision.encoder(self.vision) if self.vision is not None else None)
+                                 encoder=vision.encoder(self.vision) if self.vision is not None else None,
+                                 image_encoding=self.image_encoding)
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
                  "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,
@@ -232,6 +234,8 @@ class BasertEngine(VocabEngine):
                        bits=self.kv_bits, scratch=self.attention == "flex")
 
     def _free(self) -> None:
+        if self.runner is not None and hasattr(self.runner.media, "close"):
+            self.runner.media.close()  # its image encoder's thread
         self.runner = None
         self.pool = None
         self.model = None

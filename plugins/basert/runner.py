@@ -28,7 +28,8 @@ import torch
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
-from superfluid.core.media import EncoderCache, Image
+from superfluid.core.media import Image
+from superfluid.core.media_encoding import encoder_cache
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one
@@ -83,12 +84,13 @@ class BasertRunner(tick_runner.TickRunner):
 
     def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag: StopFlag, *, device: torch.device,
                  speculate: int = 0, constrainer: Constrainer | None = None, step_tokens: int = PREFILL_STEP,
-                 decoder: DecodeGraphs | None = None, encoder: Callable[[Image], np.ndarray] | None = None):
-        """``encoder``: an image to its embedding rows (:func:`.vision.encoder`), for a model
-        that takes images; without one a feed with placeholders is an error."""
+                 decoder: DecodeGraphs | None = None, encoder: Callable[[Image], np.ndarray] | None = None,
+                 image_encoding: str | None = None):
+        """``encoder``: an image to its embedding rows (:func:`.vision.encoder`), run on a background
+        thread (``image_encoding`` "tick": on the tick); without one, placeholders are an error."""
         super().__init__(stop_flag, pool.n_blocks * pool.block_size)
         if encoder is not None:
-            self.media = EncoderCache(encoder)
+            self.media = encoder_cache(encoder, image_encoding)
         self.model = model
         self.pool = pool
         self.decoder = decoder  # decode-only steps: FlexAttention on the pages, CUDA graphs

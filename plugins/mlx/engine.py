@@ -90,7 +90,8 @@ class MlxEngine(WorkerEngine):
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes, max_context=self.max_context,
-                                 eog=frozenset(self.vocab.eog), vision=self.vision, pool_cells=self.pool_cells)
+                                 eog=frozenset(self.vocab.eog), vision=self.vision, pool_cells=self.pool_cells,
+                                 image_encoding=CORE_OPTIONS.of(self.model_config).image_encoding)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-mlx-{self.info.name}")
         # the slots beyond the lanes keep recently finished prefixes; a shared pool's cached
         # prefixes take cells the lanes could use (core.engine.EngineCapabilities says how each is used)

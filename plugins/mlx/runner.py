@@ -46,7 +46,7 @@ from mlx_lm.models.cache import KVCache
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
 from superfluid.core.logits import token_logprob
-from superfluid.core.media import EncoderCache
+from superfluid.core.media_encoding import encoder_cache
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one
@@ -60,12 +60,13 @@ class MlxRunner(tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
-                 constrainer: Constrainer | None = None, encoder=None, shared_pool: bool = False):
+                 constrainer: Constrainer | None = None, encoder=None, shared_pool: bool = False,
+                 image_encoding: str | None = None):
         super().__init__(stop_flag, kv_capacity)
         # a shared pool (pool.py): the slots together hold at most kv_capacity cells
         self.shared_pool = shared_pool
-        if encoder is not None:  # a vision model: an image to its embedding rows (vision.Encoder)
-            self.media = EncoderCache(encoder)
+        if encoder is not None:  # a vision model: an image to its rows (vision.Encoder), off the tick
+            self.media = encoder_cache(encoder, image_encoding)
         self._row_dtype = None  # image rows enter the model in the token embeddings' dtype
         self.constrainer = constrainer  # token masks for json_schema / grammar lanes (None: refused)
         self.model = model

@@ -27,6 +27,7 @@ class WorkerSpec:
     vision: bool = False  # a SmolVLM directory: the vision half loads through mlx-vlm (vision.py)
     pool_cells: int = 0   # a shared pool's cells (--kv-pool-cells; 0: lanes × context, capped)
     shared_pool_fraction: float = 0.6
+    image_encoding: str = "admission"  # images encode on a background thread ("tick": on the tick)
 
 
 def logit_rows(model) -> int | None:
@@ -62,7 +63,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
     runner = MlxRunner(model, set(spec.eog), stop_flag, layout.n_ctx, spec.step_tokens, constrainer=constrainer,
-                       encoder=encoder, shared_pool=layout.unified)
+                       encoder=encoder, shared_pool=layout.unified, image_encoding=spec.image_encoding)
     info = {"pid": os.getpid(), "n_ctx": layout.n_ctx, "n_seq_max": layout.n_seq, "kv_unified": layout.unified,
             "bytes_per_cell": layout.bytes_per_cell, "kv_bytes": layout.n_ctx * layout.bytes_per_cell,
             "kv_pool": {**layout.describe(), "shape": shape.describe(), "allocated": "as slots grow"},
