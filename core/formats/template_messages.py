@@ -11,7 +11,10 @@ Templates declare nothing, so what each one reads is probed by rendering it, onc
   (its placeholder: Mistral's ``[IMG]``, Gemma 4's ``<|image|>``, LFM2.5's ``<image>``), so the
   image is where the template puts it; the front end then puts the image's tokens at that
   placeholder. Otherwise (and for a template that prints the list's Python form) content is a
-  string, with the front end's marker text where each image was.
+  string, with the front end's marker text where each image was. A message's text that holds
+  the template's placeholder itself reaches the template escaped (:meth:`ContentCaps.hide`), so
+  each placeholder in the render is an image's; a template that reads typed parts only gets at
+  least one part per message (SmolVLM's own reads ``message['content'][0]``).
 - **tool calls**: arguments as an object or as JSON text, ids as given or as 9 letters and
   digits (Mistral's), per :class:`~superfluid.core.chat.TemplateCaps`.
 - **reasoning**: an assistant's reasoning as ``reasoning_content`` (Qwen3's templates render
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import re
 from typing import Callable, NamedTuple
 
 from ..chat import TemplateCaps, render_chat
@@ -29,6 +33,9 @@ from .conversation import Conversation, ImageRef, Message, TextPart
 
 _FIRST, _SECOND = "superfluid_probe_7f3a", "superfluid_probe_9b1c"
 _TEXT_ONLY = TemplateCaps(False, False, False, False)
+# private-use characters no template writes: text's own placeholder (and this character itself)
+# travels through the template escaped, to be told apart from the placeholders written for images
+_ESCAPE, _ITSELF, _PLACEHOLDER = "\ue002", "\ue003", "\ue004"
 
 
 class ContentCaps(NamedTuple):
@@ -42,6 +49,20 @@ class ContentCaps(NamedTuple):
     def typed_images(self) -> bool:
         """Images go to the template as typed parts (it writes a placeholder where each goes)."""
         return self.parts and bool(self.image)
+
+    def hide(self, text: str) -> str:
+        """``text`` with the placeholder escaped: a user who writes ``[IMG]`` must not move an
+        image, nor stop the template from placing the real ones."""
+        if not self.image:
+            return text
+        return text.replace(_ESCAPE, _ESCAPE + _ITSELF).replace(self.image, _ESCAPE + _PLACEHOLDER)
+
+    def show(self, text: str) -> str:
+        """The rendered ``text`` with what :meth:`hide` escaped written back."""
+        if _ESCAPE not in text:
+            return text
+        back = {_ITSELF: _ESCAPE, _PLACEHOLDER: self.image}
+        return re.sub(f"{_ESCAPE}([{_ITSELF}{_PLACEHOLDER}])", lambda m: back[m.group(1)], text)
 
 
 def _render(template: str, content) -> str | None:
@@ -89,8 +110,9 @@ def template_call_id(call_id: str | None, caps: TemplateCaps) -> str | None:
     return hashlib.sha256(call_id.encode()).hexdigest()[:9]
 
 
-def _typed(parts) -> list[dict]:
-    """Typed parts, consecutive texts joined (a template that trims each part trims the whole)."""
+def _typed(parts, content: ContentCaps) -> list[dict]:
+    """Typed parts, consecutive texts joined (a template that trims each part trims the whole),
+    the placeholder hidden in their text."""
     out: list[dict] = []
     for part in parts:
         if isinstance(part, ImageRef):
@@ -99,16 +121,20 @@ def _typed(parts) -> list[dict]:
             out[-1]["text"] += part.text
         elif part.text:
             out.append({"type": "text", "text": part.text})
-    return out
+    return [{"type": "text", "text": content.hide(p["text"])} if p["type"] == "text" else p for p in out]
 
 
 def _content(message: Message, content: ContentCaps, typed_images: bool, image_text, numbers) -> str | list[dict]:
     if typed_images and message.images:
-        return _typed(message.parts)
+        return _typed(message.parts, content)
     text = "".join(p.text if isinstance(p, TextPart) else (image_text(next(numbers)) if image_text else "")
                    for p in message.parts)
-    if content.parts and not content.strings:  # a template that reads typed parts only
-        return [{"type": "text", "text": text}] if text else []
+    if typed_images:
+        text = content.hide(text)
+    if content.parts and not content.strings:
+        # a template that reads typed parts only; an empty message is one empty part, as a
+        # template may read the first part's type (SmolVLM's own: ``message['content'][0]``)
+        return [{"type": "text", "text": text}]
     return text
 
 

@@ -3,13 +3,16 @@ image goes, then tokenized piece by piece with each marker replaced by the image
 model's image-start tokens, one placeholder per embedding row, its image-end tokens) and the
 positions its rows fill (:class:`superfluid.core.media.MediaSpan`).
 
-Where an image goes is the template's to say when it can: a template that writes a placeholder
-of its own for a ``{"type": "image"}`` part (probed once,
-:func:`superfluid.core.formats.template_messages.content_caps`) is given typed parts, and the
-k-th placeholder in what it renders becomes the k-th image's marker. A template that writes
-nothing distinguishable for an image (or renders the placeholders a different number of times
-than there are images, e.g. when user text holds the same characters) gets the conversation's
-text with the markers where the images were, as a string.
+Where an image goes is the template's to say when it can: a template that loops over typed
+parts and writes a placeholder of its own for a ``{"type": "image"}`` part (probed once,
+:func:`superfluid.core.formats.template_messages.content_caps`: Mistral's ``[IMG]``, Gemma 4's
+``<|image|>``, SmolVLM's ``<image>``) is given typed parts, and the k-th placeholder in what it
+renders becomes the k-th image's marker, so the image's tokens (the engine's own layout) stand
+exactly where the template puts its image. The same characters in a message's text reach the
+template escaped and come back as text. A template that writes nothing distinguishable for an
+image (or renders the placeholders a different number of times than there are images, e.g. one
+that drops a message) gets the conversation's text with the markers where the images were, as
+llama-server joins a message's parts around its media marker.
 
 A marker is a private-use character pair around the image's number, which no chat template
 writes and which tokenizes to nothing the template could split. A rendered prompt whose markers
@@ -41,10 +44,9 @@ def render_images(render: Callable[[bool], str], content: ContentCaps, count: in
     """The prompt ``render(typed_images)`` gives, with ``count`` images' markers in it: at the
     template's own placeholders when it places typed image parts, else as rendered from text."""
     if count and content.typed_images:
-        text = render(True)
-        pieces = text.split(content.image)
+        pieces = render(True).split(content.image)
         if len(pieces) == count + 1:
-            return "".join(piece + (marker(k) if k < count else "") for k, piece in enumerate(pieces))
+            return "".join(content.show(piece) + (marker(k) if k < count else "") for k, piece in enumerate(pieces))
     return render(False)
 
 
