@@ -1,7 +1,9 @@
 """Admission order: the head of the most urgent class, with aging so nothing starves.
 
 A class at its lane cap (``--class-lanes``) is skipped. While a batch-invariant lane waits,
-nothing at or below its class is admitted ahead of it (it needs a lane to tick alone)."""
+nothing at or below its class is admitted ahead of it (it needs a lane to tick alone). A media
+lane below the urgent classes never takes the last lanes that could be preempted
+(``--urgent-lanes``, :func:`leaves_urgent_lanes`)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def pick_next(queue: list[Lane], lanes: list[Lane], settings, free_lanes: int = 
     running: dict[str, int] = {}
     for lane in lanes:
         running[lane.qos] = running.get(lane.qos, 0) + 1
+    pinned = sum(1 for lane in lanes if lane.pinned)
     waiting_invariant = [qos.priority(l.qos) for l in queue if l.request.batch_invariant]
     floor = min(waiting_invariant) if waiting_invariant else None
     best: Lane | None = None
@@ -41,11 +44,26 @@ def pick_next(queue: list[Lane], lanes: list[Lane], settings, free_lanes: int = 
         if (floor is not None and not lane.request.batch_invariant
                 and qos.priority(lane.qos) >= floor):
             continue
+        if not leaves_urgent_lanes(lane, pinned, settings):
+            continue
         rank = effective_priority(lane, settings.starvation_ticks) if free_lanes else qos.priority(lane.qos)
         key = (rank, position)
         if best_key is None or key < best_key:
             best, best_key = lane, key
     return best
+
+
+def leaves_urgent_lanes(lane: Lane, pinned: int, settings) -> bool:
+    """Whether admitting ``lane`` leaves ``--urgent-lanes`` lanes that an interactive or completion
+    request can take: free, or held by a lane it may preempt. A media lane is never preempted, so
+    a media lane below the urgent classes is admitted only while the pinned lanes (media,
+    batch-invariant) number fewer than ``max_batch - urgent_lanes``. Otherwise a chat arriving
+    while media lanes hold every lane waits for one to finish: 5.4 s behind a 300-token reply on
+    the tiny SmolVLM (docs/benchmarks.md). With one lane there is nothing to keep."""
+    if not lane.request.media or lane.qos in qos.URGENT:
+        return True
+    keep = min(OPTIONS.of(settings).urgent_lanes or 0, settings.max_batch - 1)
+    return pinned + 1 <= settings.max_batch - keep
 
 
 def choose_victim(lane: Lane, lanes: list[Lane]) -> Lane | None:

@@ -1,10 +1,11 @@
-"""The QoS options: class lane caps and quiet ticks, read back typed: ``OPTIONS.of(settings).class_lanes``."""
+"""The QoS options: class lane caps, lanes left to urgent classes and quiet ticks, read back typed:
+``OPTIONS.of(settings).class_lanes``."""
 
 from __future__ import annotations
 
 from superfluid.core import qos
 from superfluid.core.config import CORE_OPTIONS
-from superfluid.core.options import Option, PluginOptions
+from superfluid.core.options import Option, PluginOptions, in_range
 from superfluid.core.errors import ConfigError
 
 
@@ -31,6 +32,11 @@ OPTIONS = PluginOptions("qos", [
     Option("class-lanes", dict, {}, "cap the lanes a class may hold, e.g. background=2,agent=6 "
            "(each between 1 and --max-batch)", model_scoped=True, metavar="CLASS=N,...",
            parse=parse_class_lanes, inherit=False),
+    Option("urgent-lanes", int, 1, "lanes that media lanes below the urgent classes leave to them: a "
+           "background or agent request with an image is admitted only while the lanes that cannot be "
+           "preempted (media, batch-invariant) stay at most --max-batch minus this many, so an interactive or "
+           "completion request always finds a lane free or one it may preempt (0: off; with --max-batch 1 the "
+           "one lane is anyone's)", in_range(0, 256), model_scoped=True, metavar="N"),
     Option("quiet-ticks", bool, False, "with a lane free but nothing queued or prefilling and no client "
            "reading before a reply ends, run ticks to the busy target and end one at the engine's next "
            "step when a request arrives (engines that can stop mid-tick); off: every tick with a lane "
