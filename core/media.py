@@ -1,12 +1,18 @@
 """Media in a prompt: images as values, the prompt positions they fill, and what engines share to
 turn them into embedding rows.
 
-An image is decoded, checked and resized to the model's tile at the edge (the front end), so
-every engine receives the same RGB pixels. In the prompt it fills ``rows`` positions, one per
-embedding row its encoder gives; the prompt's token list holds a *placeholder* there: a negative
-id (no vocabulary id is negative) derived from the image's content hash. So everything that
-compares prompts by their tokens (the prefix cache, the host tier, waiting for a donor, the
-block hashes that name KV pages and KV events) keys an image span by its content for free: a
+An image is decoded, checked and resized at the edge (the front end) as the model's image
+processor resizes it (:mod:`.image_tiles`: aspect ratio kept, longest edge to the processor's),
+so every engine receives the same RGB pixels. The model's encoder turns it into embedding rows:
+for a model that splits images (Idefics3 / SmolVLM), one block of rows per tile, then one for
+the global image. In the prompt those blocks sit between the model's own tokens (a tile's
+``<fake_token_around_image><row_1_col_2>``, a newline after a row of tiles, the global image's
+``<fake_token_around_image><global-img>``), so an image fills several *spans*, each a run of
+positions holding a block of its rows (:class:`MediaSpan`: where in the prompt, and from which
+of the image's rows). The prompt's token list holds a *placeholder* at every row position: a
+negative id (no vocabulary id is negative) derived from the image's content hash. So everything
+that compares prompts by their tokens (the prefix cache, the host tier, waiting for a donor, the
+block hashes that name KV pages and KV events) keys an image's spans by its content for free: a
 second request with the same image and text reuses the KV past the image, and a different image
 diverges where it starts.
 
@@ -23,6 +29,8 @@ from typing import Callable, Sequence
 
 import attrs
 import numpy as np
+
+from .image_tiles import Tiling
 
 
 @attrs.define(frozen=True)
@@ -67,12 +75,15 @@ def is_placeholder(token: int) -> bool:
 
 @attrs.define(frozen=True)
 class MediaSpan:
-    """Prompt positions ``start`` … ``start + rows - 1`` hold ``image``'s embedding rows, in
-    order."""
+    """Prompt positions ``start`` … ``start + rows - 1`` hold ``image``'s embedding rows
+    ``offset`` … ``offset + rows - 1`` (its encoder's rows, all tiles then the global image), in
+    order. One image fills one span per tile; fields added later (positions for M-RoPE, …) take
+    defaults, so a span written without them stays what it was."""
 
     image: Image
     start: int
     rows: int
+    offset: int = 0
 
     @property
     def end(self) -> int:
@@ -95,37 +106,128 @@ def spans_within(spans: Sequence[MediaSpan], start: int, end: int) -> tuple[Medi
     return tuple(s for s in spans if s.overlaps(start, end))
 
 
+def images_of(spans: Sequence[MediaSpan]) -> tuple[Image, ...]:
+    """The distinct images the spans hold, in the order they first appear (an image that fills
+    several spans counts once)."""
+    seen: dict[str, Image] = {}
+    for span in spans:
+        seen.setdefault(span.image.digest, span.image)
+    return tuple(seen.values())
+
+
+@attrs.define(frozen=True)
+class TileTokens:
+    """The tokens around an image's tiles (Idefics3 / SmolVLM, as its processor writes them):
+    ``opens[r][c]`` before tile (r, c) (``<fake_token_around_image><row_{r+1}_col_{c+1}>``),
+    ``row_end`` after every row of tiles but the last, and ``global_open`` before the global
+    image that follows the tiles (the last row's newline and the global image's own
+    ``\n<fake_token_around_image><global-img>``, which tokenize together: ``\n\n`` is one token
+    in SmolVLM's vocabulary, as llama.cpp's mtmd lays it out)."""
+
+    opens: tuple[tuple[tuple[int, ...], ...], ...]
+    row_end: tuple[int, ...]
+    global_open: tuple[int, ...]
+
+
 @attrs.define(frozen=True)
 class VisionInfo:
     """How a model that takes images lays one out in a prompt, as its engine read it from the
-    model's files: the image resized to ``tile`` × ``tile`` pixels fills ``rows`` embedding rows,
-    between the tokens ``before`` and ``after`` (SmolVLM: ``<fake_token_around_image><global-img>``
-    … ``<fake_token_around_image>``). ``family`` names the layout, for logs and /health."""
+    model's files. A tile of ``tile`` × ``tile`` pixels fills ``rows`` embedding rows. An image
+    not split (or a model that never splits) is its global image alone, its rows between the
+    tokens ``before`` and ``after`` (SmolVLM: ``<fake_token_around_image><global-img>`` …
+    ``<fake_token_around_image>``). ``tiling`` (the processor's settings) says how the front end
+    resizes an image and how many tiles it gives; ``tile_tokens`` the tokens around the tiles.
+    Without ``tiling`` an image is squeezed to one tile. ``family`` names the layout, for logs
+    and /health."""
 
     tile: int
     rows: int
     before: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
     family: str = ""
+    tiling: Tiling | None = None
+    tile_tokens: TileTokens | None = None
 
-    def prompt_tokens(self, image: Image) -> list[int]:
+    def fit(self, width: int, height: int) -> tuple[int, int]:
+        """The size the front end resizes a ``width × height`` image to."""
+        return self.tiling.resized(width, height) if self.tiling is not None else (self.tile, self.tile)
+
+    def grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of tiles an image of that (already fitted) size fills; (0, 0): its global
+        image alone."""
+        if self.tiling is None or self.tile_tokens is None:
+            return 0, 0
+        return self.tiling.grid(width, height)
+
+    def image_rows(self, width: int, height: int) -> int:
+        """Embedding rows an image of that (fitted) size gives: every tile's and the global's."""
+        r, c = self.grid(width, height)
+        return (r * c + 1) * self.rows
+
+    def place(self, image: Image, start: int, size: tuple[int, int] | None = None
+              ) -> tuple[list[int], tuple[MediaSpan, ...]]:
+        """(the tokens ``image`` contributes to a prompt, placeholders included; the spans its
+        rows fill) for the image placed at prompt position ``start``. ``size``: the fitted size,
+        for an image whose pixels are not loaded (a prompt only being counted)."""
+        width, height = size if size is not None else (image.width, image.height)
+        n_rows, n_cols = self.grid(width, height)
+        hole = placeholder(image.digest)
+        tokens: list[int] = []
+        spans: list[MediaSpan] = []
+
+        def rows(k: int) -> None:  # the k-th tile's block (the global image's is the last)
+            spans.append(MediaSpan(image=image, start=start + len(tokens), rows=self.rows, offset=k * self.rows))
+            tokens.extend([hole] * self.rows)
+
+        if n_rows == 0:
+            tokens.extend(self.before)
+            rows(0)
+        else:
+            tt = self.tile_tokens
+            for r in range(n_rows):
+                if r:
+                    tokens.extend(tt.row_end)
+                for c in range(n_cols):
+                    tokens.extend(tt.opens[r][c])
+                    rows(r * n_cols + c)
+            tokens.extend(tt.global_open)
+            rows(n_rows * n_cols)
+        tokens.extend(self.after)
+        return tokens, tuple(spans)
+
+    def prompt_tokens(self, image: Image, size: tuple[int, int] | None = None) -> list[int]:
         """The tokens an image contributes to a prompt, placeholders included."""
-        return [*self.before, *([placeholder(image.digest)] * self.rows), *self.after]
+        return self.place(image, 0, size)[0]
 
 
 def idefics3_layout(image_size: int, patch_size: int, scale_factor: int,
-                    token_id: Callable[[str], int | None]) -> VisionInfo:
-    """SmolVLM / Idefics3: a tile of ``image_size`` pixels in patches of ``patch_size``, pixel
-    shuffled by ``scale_factor``, one global image (no sub-image tiles), wrapped in SmolVLM's
-    image tokens. ``token_id`` maps a token's text to its id (None: not in the vocabulary)."""
+                    token_id: Callable[[str], int | None], tiling: Tiling | None = None) -> VisionInfo:
+    """SmolVLM / Idefics3: tiles of ``image_size`` pixels in patches of ``patch_size``, pixel
+    shuffled by ``scale_factor``, split as ``tiling`` says (None: squeezed to one global image),
+    wrapped in SmolVLM's image tokens. ``token_id`` maps a token's text to its id (None: not
+    one token of the vocabulary)."""
     side = image_size // patch_size
     rows = side * side // (scale_factor * scale_factor)
-    ids = {name: token_id(name) for name in ("<fake_token_around_image>", "<global-img>")}
+    names = ["<fake_token_around_image>", "<global-img>"]
+    n = tiling.max_side if tiling is not None else 0
+    names += [f"<row_{r + 1}_col_{c + 1}>" for r in range(n) for c in range(n)]
+    ids = {name: token_id(name) for name in names}
     missing = [name for name, i in ids.items() if i is None]
     if missing:
         raise ValueError(f"the vocabulary lacks SmolVLM's image tokens {missing}")
     around, glob = ids["<fake_token_around_image>"], ids["<global-img>"]
-    return VisionInfo(tile=image_size, rows=rows, before=(around, glob), after=(around,), family="idefics3")
+    tile_tokens = None
+    if n:
+        newline = token_id("\n")
+        if newline is None:
+            raise ValueError("the vocabulary has no newline token, which SmolVLM's tiles need")
+        double = token_id("\n\n")
+        tile_tokens = TileTokens(
+            opens=tuple(tuple((around, ids[f"<row_{r + 1}_col_{c + 1}>"]) for c in range(n)) for r in range(n)),
+            row_end=(newline,),
+            global_open=((double,) if double is not None else (newline, newline)) + (around, glob))
+    return VisionInfo(tile=image_size, rows=rows, before=(around, glob), after=(around,), family="idefics3",
+                      tiling=tiling, tile_tokens=tile_tokens)
 
 
 class EncoderCache:
@@ -156,12 +258,14 @@ class EncoderCache:
 
     def row_block(self, spans: Sequence[MediaSpan], pos: int, count: int) -> np.ndarray:
         """The embedding rows for prompt positions ``pos`` … ``pos + count - 1``, all
-        placeholders (of one image or several in a row)."""
+        placeholders (of one span or several in a row: tiles of one image, images side by
+        side)."""
         out = []
         while count > 0:
             span = span_at(spans, pos)
             take = min(count, span.end - pos)
-            out.append(self.rows(span.image)[pos - span.start:pos - span.start + take])
+            first = span.offset + pos - span.start
+            out.append(self.rows(span.image)[first:first + take])
             pos += take
             count -= take
         return np.concatenate(out) if len(out) > 1 else out[0]

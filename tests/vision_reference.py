@@ -1,32 +1,47 @@
-"""The transformers reference for the tiny SmolVLM (tools/fixtures/tiny_vlm.py): greedy tokens for
-a prompt whose image rows are placeholders (core/media.py), computed by transformers'
-``Idefics3ForConditionalGeneration`` in the test process, so every engine is compared with an
-independent implementation rather than with frozen strings."""
+"""The transformers reference for the tiny SmolVLM (tools/fixtures/tiny_vlm.py), computed in the test
+process by transformers' own ``Idefics3Processor`` (the fixture's processor files: resize, tiles,
+the prompt's image tokens) and ``Idefics3ForConditionalGeneration`` (its vision tower, connector
+and ``generate``), so every engine is compared with an independent implementation of the whole
+image path rather than with frozen strings or with our own layout."""
 
 from __future__ import annotations
 
 import functools
+import io
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
+from superfluid.core.image_tiles import from_preprocessor, read_preprocessor
 from superfluid.core.media import Image, MediaSpan, VisionInfo, idefics3_layout
 
 MEAN = STD = (0.5, 0.5, 0.5)
+WIDE, TALL = (200, 64), (64, 200)  # the aspect ratios the engines are checked at (2 x 4 and 4 x 2 tiles)
 
 
-def solid(rgb: tuple[int, int, int], size: int = 64) -> Image:
-    """A one-colour image of ``size`` pixels a side."""
-    return Image.from_rgb(size, size, bytes(rgb) * (size * size))
+def solid(rgb: tuple[int, int, int], size: int | tuple[int, int] = 64) -> Image:
+    """A one-colour image of ``size`` pixels a side (or ``(width, height)``)."""
+    w, h = (size, size) if isinstance(size, int) else size
+    return Image.from_rgb(w, h, bytes(rgb) * (w * h))
 
 
-def png(rgb: tuple[int, int, int], size: int = 64) -> bytes:
-    """A one-colour PNG, as a client would send it."""
-    import io
+def noise(size: tuple[int, int], seed: int = 7) -> Image:
+    """An image of random pixels (every resize filter shows in it)."""
+    w, h = size
+    return Image.from_rgb(w, h, np.random.default_rng(seed).integers(0, 256, w * h * 3, dtype=np.uint8).tobytes())
 
+
+def pil(image: Image):
     from PIL import Image as PILImage
 
+    return PILImage.frombytes("RGB", (image.width, image.height), image.pixels)
+
+
+def png(rgb, size: int | tuple[int, int] = 64) -> bytes:
+    """A one-colour PNG (or any :class:`Image`'s pixels as a PNG), as a client would send it."""
     buf = io.BytesIO()
-    PILImage.new("RGB", (size, size), rgb).save(buf, format="PNG")
+    pil(rgb if isinstance(rgb, Image) else solid(rgb, size)).save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -40,46 +55,103 @@ def _model(hf_dir: str):
 
 
 @functools.cache
-def _tokenizer(hf_dir: str):
-    from transformers import AutoTokenizer
+def processor(hf_dir: str):
+    """transformers' ``Idefics3Processor`` from the fixture's own files."""
+    from transformers import AutoProcessor
 
-    return AutoTokenizer.from_pretrained(hf_dir)
+    return AutoProcessor.from_pretrained(hf_dir)
+
+
+def _tokenizer(hf_dir: str):
+    return processor(str(hf_dir)).tokenizer
 
 
 def layout(hf_dir: str | Path) -> VisionInfo:
-    tok = _tokenizer(str(hf_dir))
-    ids = tok.get_vocab()
-    return idefics3_layout(64, 16, 2, ids.get)
+    """Our layout (core/media.py) for the fixture, from its processor settings and tokenizer."""
+    return _layout(str(hf_dir))
 
 
-def prompt(hf_dir: str | Path, text_before: str, images: Sequence[Image], text_after: str = "") -> tuple[list[int], tuple[MediaSpan, ...]]:
-    """Tokens (with placeholders) and spans for ``text_before``, the images, ``text_after``."""
+@functools.cache
+def _layout(hf_dir: str) -> VisionInfo:
+    tok = _tokenizer(hf_dir)
+
+    def token_id(text: str) -> int | None:
+        ids = tok.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    return idefics3_layout(64, 16, 2, token_id, from_preprocessor(read_preprocessor(str(hf_dir)), 64))
+
+
+def fit(hf_dir: str | Path, image: Image) -> Image:
+    """The image as the front end hands it to an engine (plugins/http/images.py's ``decode`` of
+    its PNG: resized as the processor's first step resizes it)."""
+    from superfluid.plugins.http.images import decode
+
+    return decode(png(image), "image", layout(hf_dir), 1 << 30)
+
+
+def prompt(hf_dir: str | Path, text_before: str, images: Sequence[Image], text_after: str = ""
+           ) -> tuple[list[int], tuple[MediaSpan, ...]]:
+    """Tokens (with placeholders) and spans of ``text_before``, the images, ``text_after``, laid
+    out by our layout (core/media.py) for the images as the front end fits them; checked equal,
+    token for token, to what transformers' processor makes of the same text and images."""
     tok = _tokenizer(str(hf_dir))
     info = layout(hf_dir)
     tokens = tok.encode(text_before, add_special_tokens=False)
-    spans = []
+    spans: list[MediaSpan] = []
     for image in images:
-        laid = info.prompt_tokens(image)
-        start = len(tokens) + len(info.before)
-        spans.append(MediaSpan(image=image, start=start, rows=info.rows))
+        laid, placed = info.place(fit(hf_dir, image), len(tokens))
         tokens += laid
+        spans += placed
     tokens += tok.encode(text_after, add_special_tokens=False)
+    theirs = processed(hf_dir, text_before + "<image>" * len(images) + text_after, images)["input_ids"][0].tolist()
+    image_id = processor(str(hf_dir)).image_token_id
+    assert [image_id if t < 0 else t for t in tokens] == theirs, "our layout is not the processor's"
     return tokens, tuple(spans)
 
 
-def greedy(hf_dir: str | Path, tokens: Sequence[int], spans: Sequence[MediaSpan], max_new: int) -> list[int]:
-    """transformers' greedy continuation (no early end at end-of-text) of a prompt with images."""
-    import numpy as np
+def processed(hf_dir: str | Path, text: str, images: Sequence[Image]) -> dict:
+    """transformers' processor output (numpy) for ``text`` holding one ``<image>`` per image;
+    ``rows`` / ``cols``: each image's tile grid."""
+    proc = processor(str(hf_dir))
+    pictures = [[pil(i) for i in images]] if images else None
+    out = dict(proc(text=[text], images=pictures, return_tensors="np", add_special_tokens=False))
+    if images:  # the processor drops the grid from its output; its image processor tells it
+        grid = proc.image_processor(pictures, return_row_col_info=True)
+        out["rows"], out["cols"] = grid["rows"], grid["cols"]
+    return out
+
+
+def features(hf_dir: str | Path, images: Sequence[Image]) -> list[np.ndarray]:
+    """transformers' image features (the connector's output) for each image, as the processor
+    cuts it: ``(tiles + 1) * rows × hidden``, tiles then the global image."""
     import torch
 
     model = _model(str(hf_dir))
-    image_id = model.config.image_token_id
-    ids = torch.tensor([[image_id if t < 0 else t for t in tokens]])
+    out = []
+    for image in images:
+        p = processed(hf_dir, "<image>", [image])
+        with torch.no_grad():
+            rows = model.model.get_image_features(
+                pixel_values=torch.from_numpy(p["pixel_values"]),
+                pixel_attention_mask=torch.from_numpy(p["pixel_attention_mask"])).pooler_output
+        out.append(torch.cat(list(rows)).reshape(-1, model.config.text_config.hidden_size).numpy())
+    return out
+
+
+def greedy(hf_dir: str | Path, text: str, images: Sequence[Image], max_new: int) -> tuple[list[int], int]:
+    """(transformers' greedy continuation, no early end at end-of-text; the prompt's length) of
+    ``text`` holding one ``<image>`` per image, processed by the fixture's processor."""
+    import torch
+
+    model = _model(str(hf_dir))
+    p = processed(hf_dir, text, images)
+    ids = torch.from_numpy(p["input_ids"])
     kwargs = {}
-    if spans:
-        pixels = np.stack([s.image.normalised(MEAN, STD) for s in spans])[None]
-        kwargs["pixel_values"] = torch.from_numpy(pixels)
+    if images:
+        kwargs = {"pixel_values": torch.from_numpy(p["pixel_values"]),
+                  "pixel_attention_mask": torch.from_numpy(p["pixel_attention_mask"])}
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                              min_new_tokens=max_new, do_sample=False, **kwargs)
-    return out[0, ids.shape[1]:].tolist()
+    return out[0, ids.shape[1]:].tolist(), int(ids.shape[1])

@@ -1,5 +1,5 @@
 """Images at the edge: fetched (data: URLs; remote ones only where allowed), decoded, checked and
-resized to the model's tile before a request is prepared, so that nothing past the route ever
+resized as the model's image processor resizes them before a request is prepared, so that nothing past the route ever
 holds an image that is malformed, too large, or of a format not served.
 
 What is checked, each a 400 naming the part (``messages[0].content[1].image_url.url``):
@@ -14,9 +14,13 @@ What is checked, each a 400 naming the part (``messages[0].content[1].image_url.
   decompression bomb is refused without being inflated;
 - a truncated or corrupt file, when it is decoded.
 
-Decoding runs in a worker thread, off the event loop. The result (RGB, resized to the tile the
-model's vision encoder takes, aspect ratio not kept) is :class:`superfluid.core.media.Image`,
-kept on the part."""
+Decoding runs in a worker thread, off the event loop. The result is
+:class:`superfluid.core.media.Image`, kept on the part: RGB (transparency composited onto white,
+as transformers' processors do), resized as the model's processor does it first
+(:meth:`superfluid.core.media.VisionInfo.fit`: for SmolVLM, aspect ratio kept and the longest
+edge to the processor's ``size["longest_edge"]``, with its filter; a model without processor
+settings: squeezed to its tile). Cutting it into tiles is the engine's encoder's (the same rules,
+:mod:`superfluid.core.image_tiles`)."""
 
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ import aiohttp
 import attrs
 
 from superfluid.core.errors import InvalidRequest
-from superfluid.core.media import Image
+from superfluid.core.image_tiles import BICUBIC
+from superfluid.core.media import Image, VisionInfo
 
 from .options import OPTIONS
 
@@ -65,20 +70,21 @@ class ImageLoader:
     def __init__(self, config):
         self.limits = ImageLimits.of(config)
 
-    async def load(self, images, tile: int) -> None:
+    async def load(self, images, vision: VisionInfo) -> None:
         """Fetch, decode and check every image of a conversation (its
         :class:`~superfluid.core.formats.conversation.ImageRef` list, in order; each ``ref`` an
-        :class:`~.content.ImagePart`), resized to ``tile`` pixels a side, or raise the 400 of the
-        first bad one, naming the field that sent it."""
+        :class:`~.content.ImagePart`), resized as ``vision`` (the model's layout) says, or raise
+        the 400 of the first bad one, naming the field that sent it."""
         found = [(image.where, image.ref) for image in images]
         if len(found) > self.limits.max_images:
             raise InvalidRequest(f"{len(found)} images in one request; at most {self.limits.max_images} are allowed "
                                  "(--max-images)", param=found[self.limits.max_images][0], code="too_many_images")
         for param, part in found:
-            if part.image is not None and part.image.width == tile:
-                continue
+            if part.image is not None and vision.fit(part.image.width, part.image.height) == \
+                    (part.image.width, part.image.height):
+                continue  # loaded already (a fitted size fits again as it is)
             data = await self._bytes(param, part.url)
-            part.loaded(await asyncio.to_thread(decode, data, param, tile, self.limits.max_pixels))
+            part.loaded(await asyncio.to_thread(decode, data, param, vision, self.limits.max_pixels))
 
     async def _bytes(self, param: str, url: str) -> bytes:
         if url.startswith("data:"):
@@ -126,8 +132,9 @@ def data_url_bytes(url: str, param: str, max_bytes: int) -> bytes:
     return data
 
 
-def decode(data: bytes, param: str, tile: int, max_pixels: int) -> Image:
-    """Decode, check and resize an image's bytes (see the module's docstring)."""
+def decode(data: bytes, param: str, vision: VisionInfo | int, max_pixels: int) -> Image:
+    """Decode, check and resize an image's bytes (see the module's docstring) for the model's
+    layout ``vision`` (an int: squeezed to that many pixels a side)."""
     from PIL import Image as PILImage
     from PIL import UnidentifiedImageError
 
@@ -141,7 +148,7 @@ def decode(data: bytes, param: str, tile: int, max_pixels: int) -> Image:
                                   "(--max-image-pixels)", code="image_too_large")
             img.seek(0)  # an animated GIF: its first frame
             img.load()
-            rgb = img.convert("RGB")
+            rgb = _rgb(img)
     except InvalidRequest:
         raise
     except UnidentifiedImageError:
@@ -152,6 +159,22 @@ def decode(data: bytes, param: str, tile: int, max_pixels: int) -> Image:
                    code="image_too_large") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise _bad(param, f"the image is truncated or corrupt ({str(exc) or type(exc).__name__})") from None
-    if rgb.size != (tile, tile):
-        rgb = rgb.resize((tile, tile), PILImage.Resampling.BICUBIC)
-    return Image.from_rgb(tile, tile, rgb.tobytes())
+    if isinstance(vision, int):
+        size, resample = (vision, vision), BICUBIC
+    else:
+        size = vision.fit(*rgb.size)
+        resample = vision.tiling.resample if vision.tiling is not None else BICUBIC
+    if rgb.size != size:
+        rgb = rgb.resize(size, resample)
+    return Image.from_rgb(size[0], size[1], rgb.tobytes())
+
+
+def _rgb(img):
+    """RGB pixels as transformers' processors convert them: transparency (an alpha band, or a
+    palette's transparent colour) composited onto white, not dropped."""
+    from PIL import Image as PILImage
+
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        return PILImage.alpha_composite(PILImage.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return img.convert("RGB")

@@ -1,6 +1,7 @@
 """basert's vision tower (plugins/basert/vision.py) against transformers' Idefics3 on the tiny
-SmolVLM (tools/fixtures/tiny_vlm.py): the embedding rows of an image, read from the llama.cpp
-mmproj and from the Hugging Face directory, equal ``get_image_features``; the pixel shuffle
+SmolVLM (tools/fixtures/tiny_vlm.py): the embedding rows of an image (every tile's and the
+global image's, at several aspect ratios), read from the llama.cpp mmproj and from the Hugging
+Face directory, equal ``get_image_features`` on what transformers' own processor cuts; the pixel shuffle
 orders rows and columns as transformers does; and the language half of the HF directory
 (``model.text_model.*``) is the text GGUF's model."""
 
@@ -36,19 +37,19 @@ def vlm():
     return build()
 
 
+SIZES = [(64, 64), (200, 64), (256, 100), (64, 200), (600, 300)]  # square small, wide, tall, past the longest edge
+
+
 def _images() -> list[Image]:
-    noise = np.random.default_rng(7).integers(0, 256, 64 * 64 * 3, dtype=np.uint8)
-    return [ref.solid((255, 0, 0)), ref.solid((0, 0, 255)), Image.from_rgb(64, 64, noise.tobytes())]
+    return [ref.solid((255, 0, 0), ref.WIDE), ref.solid((0, 0, 255), ref.WIDE)] + \
+        [ref.noise(size, seed) for seed, size in enumerate(SIZES)]
 
 
 @pytest.fixture(scope="module")
-def reference(vlm) -> np.ndarray:
-    """transformers' image features (the connector's output): [images, rows, hidden]."""
-    model = ref._model(str(vlm["hf"]))
-    pixels = torch.from_numpy(np.stack([i.normalised(ref.MEAN, ref.STD) for i in _images()]))
-    with torch.no_grad():
-        out = model.model.get_image_features(pixel_values=pixels[None]).pooler_output
-    return torch.cat(list(out)).reshape(len(_images()), -1, model.config.text_config.hidden_size).numpy()
+def reference(vlm) -> list[np.ndarray]:
+    """transformers' image features (the connector's output) per image, on what its processor
+    cut: [(tiles + 1) * rows, hidden] each."""
+    return ref.features(str(vlm["hf"]), _images())
 
 
 @pytest.mark.parametrize("where", ["mmproj", "hf"])
@@ -57,13 +58,19 @@ def test_the_towers_rows_equal_transformers_image_features(vlm, reference, where
     shape = vision.read_shape(src, name="vlm")
     assert (shape.image_size, shape.patch_size, shape.scale_factor, shape.rows, shape.out_size) == (64, 16, 2, 4, 64)
     assert shape.mean == shape.std == (0.5, 0.5, 0.5)
+    assert (shape.tiling.tile, shape.tiling.longest_edge, shape.tiling.split) == (64, 256, True)
     encode = vision.encoder(vision.load(src, name="vlm", device=CPU, dtype=torch.float32, out_size=64))
-    got = np.stack([encode(image) for image in _images()])
-    assert got.shape == reference.shape == (3, 4, 64) and got.dtype == np.float32
-    scale = float(np.abs(reference).max())
-    assert scale > 1.0  # rows big enough to move the logits (the fixture makes them so)
-    np.testing.assert_allclose(got, reference, rtol=0, atol=1e-5 * scale)
-    assert np.abs(got[0] - got[1]).max() > 0.1 * scale  # red and blue are told apart
+    info = ref.layout(vlm["hf"])
+    for image, want in zip(_images(), reference):
+        got = encode(ref.fit(vlm["hf"], image))
+        fitted = ref.fit(vlm["hf"], image)
+        assert got.shape == want.shape == (info.image_rows(fitted.width, fitted.height), 64), image.width
+        assert got.dtype == np.float32
+        scale = float(np.abs(want).max())
+        assert scale > 1.0  # rows big enough to move the logits (the fixture makes them so)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+    red, blue = (encode(ref.fit(vlm["hf"], i)) for i in _images()[:2])
+    assert np.abs(red - blue).max() > 0.1 * float(np.abs(red).max())  # red and blue are told apart
 
 
 def test_the_mmproj_and_the_hf_directory_give_one_tower(vlm):
@@ -90,8 +97,13 @@ def test_pixel_shuffle_orders_rows_as_transformers_does(side, s):
     torch.testing.assert_close(vision.pixel_shuffle(x, s)[:, 0], x[:, block].reshape(2, -1))
 
 
-def test_an_image_of_another_size_is_refused(vlm):
-    encode = vision.encoder(vision.load(str(vlm["mmproj"]), name="vlm", device=CPU, dtype=torch.float32))
+def test_without_processor_settings_an_image_must_be_one_tile(vlm):
+    import attrs
+
+    tower = vision.load(str(vlm["mmproj"]), name="vlm", device=CPU, dtype=torch.float32)
+    tower.shape = attrs.evolve(tower.shape, tiling=None)
+    encode = vision.encoder(tower)
+    assert encode(ref.solid((1, 2, 3))).shape == (4, 64)
     with pytest.raises(ValueError, match="32x32"):
         encode(ref.solid((1, 2, 3), size=32))
 

@@ -75,3 +75,24 @@ def test_pixels_are_checked_before_decompressing():
     assert len(bomb) < 100_000
     with pytest.raises(InvalidRequest, match="6000x6000 pixels"):
         decode(bomb, PARAM, 64, 1 << 20)
+
+
+def test_an_image_keeps_its_aspect_ratio_as_the_processor_resizes_it():
+    """A model with processor settings (SmolVLM's, at the tiny fixture's scale): the longest edge
+    goes to 256 and the other follows, never squeezed to one tile; transparency lands on white,
+    as transformers' processors composite it."""
+    from PIL import Image as PILImage
+
+    from superfluid.core.image_tiles import Tiling
+    from superfluid.core.media import idefics3_layout
+
+    ids = {"<fake_token_around_image>": 1, "<global-img>": 2, "\n": 3}
+    ids.update({f"<row_{r}_col_{c}>": 10 * r + c for r in range(1, 5) for c in range(1, 5)})
+    vision = idefics3_layout(64, 16, 2, ids.get, Tiling(tile=64, longest_edge=256))
+    wide = decode(_png(size=(200, 64)), PARAM, vision, 1 << 20)
+    tall = decode(_png(size=(64, 200)), PARAM, vision, 1 << 20)
+    assert (wide.width, wide.height) == (256, 82) and (tall.width, tall.height) == (82, 256)
+    buf = io.BytesIO()
+    PILImage.new("RGBA", (8, 8), (255, 0, 0, 0)).save(buf, format="PNG")  # red, fully transparent
+    clear = decode(buf.getvalue(), PARAM, vision, 1 << 20)
+    assert clear.pixels[:3] == bytes([255, 255, 255])

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from superfluid.core.media import (EncoderCache, Image, MediaSpan, find_mmproj, idefics3_layout, leading_placeholders,
-                                   leading_tokens, placeholder, spans_within)
+from superfluid.core.image_tiles import Tiling
+from superfluid.core.media import (EncoderCache, Image, MediaSpan, find_mmproj, idefics3_layout, images_of,
+                                   leading_placeholders, leading_tokens, placeholder, spans_within)
 
 
 def solid(v: int, size: int = 4) -> Image:
@@ -31,6 +32,41 @@ def test_the_idefics3_layout_wraps_rows_in_the_image_tokens():
     assert leading_tokens([5, 6, -1, 4]) == 2
     with pytest.raises(ValueError, match="image tokens"):
         idefics3_layout(64, 16, 2, {}.get)
+
+
+def _tiled_ids() -> dict[str, int]:
+    ids = {"<fake_token_around_image>": 7, "<global-img>": 9, "\n": 10, "\n\n": 11}
+    ids.update({f"<row_{r}_col_{c}>": 100 + 10 * r + c for r in range(1, 5) for c in range(1, 5)})
+    return ids
+
+
+def test_a_split_image_fills_one_span_per_tile_then_the_global_image():
+    info = idefics3_layout(64, 16, 2, _tiled_ids().get, Tiling(tile=64, longest_edge=256))
+    image = Image.from_rgb(256, 82, bytes(256 * 82 * 3))  # a wide image, fitted: 2 rows of 4 tiles
+    assert info.fit(200, 64) == (256, 82) and info.grid(256, 82) == (2, 4) and info.image_rows(256, 82) == 36
+    tokens, spans = info.place(image, 5)
+    ph = placeholder(image.digest)
+    rows = [ph] * 4
+    want = ([7, 111, *rows, 7, 112, *rows, 7, 113, *rows, 7, 114, *rows, 10,
+             7, 121, *rows, 7, 122, *rows, 7, 123, *rows, 7, 124, *rows, 11, 7, 9, *rows, 7])
+    assert tokens == want
+    assert [(s.start, s.rows, s.offset) for s in spans] == [(5 + i, 4, 4 * k) for k, i in enumerate(
+        j for j, t in enumerate(tokens) if t == ph and (j == 0 or tokens[j - 1] != ph))]
+    assert spans[-1].offset == 32 and images_of(spans) == (image,)
+    # a size alone (an image only being counted) lays out the same
+    assert info.place(Image(0, 0, b"", image.digest), 5, (256, 82))[0] == tokens
+    with pytest.raises(ValueError, match="row_1_col_1"):
+        idefics3_layout(64, 16, 2, {k: v for k, v in _tiled_ids().items() if "row_1_col_1" not in k}.get,
+                        Tiling(tile=64, longest_edge=256))
+
+
+def test_row_blocks_read_each_span_from_its_offset_into_the_images_rows():
+    image = solid(5)
+    cache = EncoderCache(lambda img: np.arange(12, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32))
+    a, b = MediaSpan(image, start=2, rows=4, offset=0), MediaSpan(image, start=8, rows=4, offset=8)
+    assert cache.row_block((a, b), 3, 3)[:, 0].tolist() == [1, 2, 3]
+    assert cache.row_block((a, b), 9, 3)[:, 0].tolist() == [9, 10, 11]
+    assert cache.encodes == 1
 
 
 def test_the_encoder_runs_once_per_content_and_rows_follow_positions():

@@ -77,14 +77,14 @@ class OpenAIRoutes:
                                     qos=qos, on_finish=on_finish, wire=wire, limit_is_ceiling=limit_is_ceiling)
 
     async def load_images(self, req, model: str | None = None) -> None:
-        """Fetch, decode and check a chat's images at its model's tile size (a 400 naming the
+        """Fetch, decode and check a chat's images as its model's processor sizes them (a 400 naming the
         first bad one; a text-only model refuses them all), before the request is prepared."""
         images = req.conversation.images() if isinstance(req, ChatFields) else []
         if not images:
             return
         runtime = self.preparer.chat_runtime(req, model)
         runtime.loop.check_takes_images()
-        await self.images.load(images, runtime.engine.info.vision.tile)
+        await self.images.load(images, runtime.engine.info.vision)
 
     def _sink(self, stream: bool, lanes: int = 1) -> EventBridge:
         """The sink of a reply's lanes (one per choice): a streamed reply's deltas wake the loop

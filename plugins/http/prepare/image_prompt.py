@@ -27,7 +27,7 @@ from typing import Callable
 
 from superfluid.core.errors import InvalidRequest
 from superfluid.core.formats.template_messages import ContentCaps
-from superfluid.core.media import Image, MediaSpan
+from superfluid.core.media import Image, MediaSpan, VisionInfo
 
 from ..content import ImagePart
 
@@ -50,16 +50,43 @@ def render_images(render: Callable[[bool], str], content: ContentCaps, count: in
     return render(False)
 
 
-def stand_in(part: ImagePart) -> Image:
-    """An image not loaded yet (a prompt only being counted): its tokens are those of any image
-    of the model, so the count is exact; its content is named by its URL."""
-    return Image(width=0, height=0, pixels=b"", digest=hashlib.sha256(part.url.encode()).hexdigest())
+def stand_in(part: ImagePart, vision: VisionInfo) -> tuple[Image, tuple[int, int]]:
+    """An image not loaded yet (a prompt only being counted) and the size the front end would fit
+    it to, which decides its tiles: read from the image's header when the part carries its bytes
+    (a data: URL; nothing is decoded), so the count is exact. A remote URL is not fetched to be
+    counted: it counts as a square image, the most tiles any image gets. Its content is named by
+    its URL."""
+    image = Image(width=0, height=0, pixels=b"", digest=hashlib.sha256(part.url.encode()).hexdigest())
+    size = _header_size(part.url)
+    return image, vision.fit(*size) if size is not None else vision.fit(1, 1)
+
+
+def _header_size(url: str) -> tuple[int, int] | None:
+    """(width, height) from the header of a ``data:`` URL's image, None when it cannot be read."""
+    import base64
+    import io
+    import warnings
+
+    head, sep, payload = url.partition(",")
+    if not (url.startswith("data:") and sep and head.endswith(";base64")):
+        return None
+    try:
+        from PIL import Image as PILImage
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a bomb's size is only read here; loading it is refused
+            with PILImage.open(io.BytesIO(base64.b64decode(payload, validate=True))) as img:
+                width, height = img.size
+    except Exception:  # noqa: BLE001 - anything unreadable counts as the square it may be
+        return None
+    return (width, height) if width > 0 and height > 0 else None
 
 
 def tokenize_with_images(runtime, text: str, images: list[ImagePart], first_tokens) -> tuple[list[int], tuple[MediaSpan, ...]]:
-    """(tokens, spans) of a rendered prompt holding image markers. ``first_tokens`` tokenizes
-    the text before the first image (it decides on BOS); the rest is tokenized without special
-    tokens added."""
+    """(tokens, spans) of a rendered prompt holding image markers, each image laid out as the
+    model's processor lays it out (:meth:`superfluid.core.media.VisionInfo.place`: its tiles and
+    global image, one span each). ``first_tokens`` tokenizes the text before the first image (it
+    decides on BOS); the rest is tokenized without special tokens added."""
     vision = runtime.engine.info.vision
     pieces = _MARKER.split(text)
     tokens = first_tokens(pieces[0])
@@ -72,9 +99,10 @@ def tokenize_with_images(runtime, text: str, images: list[ImagePart], first_toke
                                  "remove them from the text", param="messages", code="invalid_value")
         seen.add(index)
         part = images[index]
-        image = part.image if part.image is not None else stand_in(part)
-        spans.append(MediaSpan(image=image, start=len(tokens) + len(vision.before), rows=vision.rows))
-        tokens += vision.prompt_tokens(image)
+        image, size = (part.image, None) if part.image is not None else stand_in(part, vision)
+        laid, placed = vision.place(image, len(tokens), size)
+        spans.extend(placed)
+        tokens += laid
         if piece:
             tokens += runtime.engine.tokenize(piece, add_special=False, parse_special=True)
     if len(seen) != len(images):
