@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from superfluid.core.image_tiles import from_preprocessor, read_preprocessor
-from superfluid.core.media import Image, MediaSpan, VisionInfo, idefics3_layout
+from superfluid.core.media import Image, MediaSpan, VisionInfo, idefics3_layout, images_of
 
 MEAN = STD = (0.5, 0.5, 0.5)
 WIDE, TALL = (200, 64), (64, 200)  # the aspect ratios the engines are checked at (2 x 4 and 4 x 2 tiles)
@@ -139,19 +139,35 @@ def features(hf_dir: str | Path, images: Sequence[Image]) -> list[np.ndarray]:
     return out
 
 
-def greedy(hf_dir: str | Path, text: str, images: Sequence[Image], max_new: int) -> tuple[list[int], int]:
+def generate(hf_dir: str | Path, text: str, images: Sequence[Image], max_new: int) -> tuple[list[int], int]:
     """(transformers' greedy continuation, no early end at end-of-text; the prompt's length) of
     ``text`` holding one ``<image>`` per image, processed by the fixture's processor."""
+    p = processed(hf_dir, text, images)
+    return _generate(hf_dir, p["input_ids"], p if images else None, max_new), int(p["input_ids"].shape[1])
+
+
+def greedy(hf_dir: str | Path, tokens: Sequence[int], spans: Sequence[MediaSpan], max_new: int) -> list[int]:
+    """transformers' greedy continuation of a prompt laid out by :func:`prompt` (placeholders
+    become the image token), its images' pixels cut by transformers' processor (from the fitted
+    images, which its first resize leaves as they are)."""
+    image_id = processor(str(hf_dir)).image_token_id
+    ids = np.asarray([[image_id if t < 0 else t for t in tokens]])
+    pixels = None
+    if spans:
+        pixels = processor(str(hf_dir)).image_processor([[pil(i) for i in images_of(spans)]], return_tensors="np")
+    return _generate(hf_dir, ids, pixels, max_new)
+
+
+def _generate(hf_dir, ids: np.ndarray, pixels, max_new: int) -> list[int]:
     import torch
 
     model = _model(str(hf_dir))
-    p = processed(hf_dir, text, images)
-    ids = torch.from_numpy(p["input_ids"])
+    ids = torch.from_numpy(np.asarray(ids))
     kwargs = {}
-    if images:
-        kwargs = {"pixel_values": torch.from_numpy(p["pixel_values"]),
-                  "pixel_attention_mask": torch.from_numpy(p["pixel_attention_mask"])}
+    if pixels is not None:
+        kwargs = {"pixel_values": torch.from_numpy(np.asarray(pixels["pixel_values"])),
+                  "pixel_attention_mask": torch.from_numpy(np.asarray(pixels["pixel_attention_mask"]))}
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                              min_new_tokens=max_new, do_sample=False, **kwargs)
-    return out[0, ids.shape[1]:].tolist(), int(ids.shape[1])
+    return out[0, ids.shape[1]:].tolist()

@@ -2,8 +2,10 @@
 
 mlx-vlm (the optional extra ``superfluid[mlx-vlm]``) reads the directory: its weight names, its
 quantization and SigLIP's patch-embedding layout are its own business. Of the model it builds
-only the vision tower and the connector are used, to encode an image (already resized to the
-tile by the front end) into its embedding rows (:class:`Encoder`). The language half is moved
+only the vision tower and the connector are used, to encode an image (resized by the front end
+as the processor's first step resizes it) into its embedding rows (:class:`Encoder`): the image
+is cut into the processor's tiles and global image (``preprocessor_config.json``'s settings,
+:mod:`superfluid.core.image_tiles`), all encoded in one batch, their rows in that order. The language half is moved
 into mlx-lm's own ``llama.Model`` (the same arrays, no copy), so it runs in the runner's tick
 machinery exactly as a text model does (per-slot caches, batched decode, parking); the runner
 feeds the image rows through mlx-lm's ``input_embeddings`` where the prompt holds placeholders.
@@ -22,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from superfluid.core.errors import ConfigError
+from superfluid.core.image_tiles import Tiling, from_preprocessor, normalise, read_preprocessor
 from superfluid.core.media import Image, VisionInfo, idefics3_layout
 
 #: HF ``model_type`` of the vision-language directories served (SmolVLM is an Idefics3)
@@ -67,9 +70,18 @@ def layout(model_name: str, path: str, token_id: Callable[[str], int | None]) ->
     vision = config["vision_config"]
     try:
         return idefics3_layout(int(vision.get("image_size", 224)), int(vision["patch_size"]),
-                               int(config.get("scale_factor", 2)), token_id)
+                               int(config.get("scale_factor", 2)), token_id, tiling(path))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"model {model_name!r}: {path}: {exc}") from None
+
+
+def tiling(path: str) -> Tiling | None:
+    """The directory's image processor settings (None: it has none, and an image is squeezed to
+    one tile); ValueError for settings not served."""
+    pre = read_preprocessor(path)
+    if pre is None:
+        return None
+    return from_preprocessor(pre, int(hf_config(path)["vision_config"].get("image_size", 224)))
 
 
 def text_facts(path: str) -> dict:
@@ -84,29 +96,35 @@ def text_facts(path: str) -> dict:
 
 class Encoder:
     """The vision tower and the connector of an mlx-vlm Idefics3 model: :meth:`__call__` turns an
-    image of ``tile`` × ``tile`` pixels into its ``rows × hidden`` float32 embedding rows."""
+    image (as the front end fitted it) into its ``tiles × rows`` by ``hidden`` float32 embedding
+    rows, every tile's then the global image's."""
 
-    def __init__(self, vlm, mean, std):
+    def __init__(self, vlm, mean, std, tiling: Tiling | None = None):
         cfg = vlm.config.vision_config
         self.vision = vlm.vision_model
         self.connector = vlm.connector
         self.tile = int(cfg.image_size)
         self.patch = int(cfg.patch_size)
         self.mean, self.std = tuple(mean), tuple(std)
+        self.tiling = tiling
 
     def __call__(self, image: Image) -> np.ndarray:
         import mlx.core as mx
 
-        if (image.width, image.height) != (self.tile, self.tile):
+        if self.tiling is not None:
+            tiles = self.tiling.tiles(image)
+        elif (image.width, image.height) == (self.tile, self.tile):
+            tiles = image.array()[None]
+        else:
             raise ValueError(f"a {image.width}x{image.height} image reached a vision tower of "
-                             f"{self.tile}x{self.tile} tiles (the front end resizes images to the tile)")
-        # mlx-vlm's convolution is channels-last: 1 × H × W × 3
-        pixels = mx.array(image.normalised(self.mean, self.std).transpose(1, 2, 0)[None])
+                             f"{self.tile}x{self.tile} tiles without processor settings")
+        # mlx-vlm's convolution is channels-last: n × H × W × 3
+        pixels = mx.array(normalise(tiles, self.mean, self.std).transpose(0, 2, 3, 1))
         side = self.tile // self.patch
-        patches = mx.ones((1, side, side), dtype=mx.bool_)
+        patches = mx.ones((len(tiles), side, side), dtype=mx.bool_)
         pooled, *_ = self.vision(pixels, patch_attention_mask=patches, output_hidden_states=True)
-        rows = self.connector(pooled.astype(pixels.dtype))[0]
-        return np.array(rows.astype(mx.float32))
+        rows = self.connector(pooled.astype(pixels.dtype))
+        return np.array(rows.reshape(-1, rows.shape[-1]).astype(mx.float32))
 
 
 def _language_half(vlm):
@@ -162,8 +180,8 @@ def load(path: str):
         from .loader import ModelLoadError
 
         raise ModelLoadError(f"{path}: mlx-vlm built a {type(vlm).__module__} model, not an Idefics3 / SmolVLM")
-    pre = _json(os.path.join(path, "preprocessor_config.json"))
-    encoder = Encoder(vlm, pre.get("image_mean") or DEFAULT_MEAN, pre.get("image_std") or DEFAULT_STD)
+    pre = read_preprocessor(path) or {}
+    encoder = Encoder(vlm, pre.get("image_mean") or DEFAULT_MEAN, pre.get("image_std") or DEFAULT_STD, tiling(path))
     model = _language_half(vlm)
     mx.eval(model.parameters())
     return model, encoder

@@ -68,14 +68,15 @@ def engine(request, vlm):
 
 
 @functools.cache
-def prompt(hf_dir: str, rgb, text: str = " What colour is this?\nAssistant:"):
-    return ref.prompt(hf_dir, "<|im_start|>User:", [ref.solid(rgb)], text)
+def prompt(hf_dir: str, rgb, text: str = " What colour is this?\nAssistant:", size=ref.WIDE):
+    """Our layout of a chat with a one-colour image (checked equal to transformers' processor's)."""
+    return ref.prompt(hf_dir, "<|im_start|>User:", [ref.solid(rgb, size)], text)
 
 
 @functools.cache
-def want(hf_dir: str, rgb, text: str = " What colour is this?\nAssistant:") -> list[int]:
-    tokens, spans = prompt(hf_dir, rgb, text)
-    return ref.greedy(hf_dir, tokens, spans, N)
+def want(hf_dir: str, rgb, text: str = " What colour is this?\nAssistant:", size=ref.WIDE) -> list[int]:
+    """transformers' greedy tokens for it: its processor's text and pixels, its model's generate."""
+    return ref.generate(hf_dir, "<|im_start|>User:<image>" + text, [ref.solid(rgb, size)], N)[0]
 
 
 def generate(run, lanes: dict[int, tuple[list[int], tuple[MediaSpan, ...]]], n: int = N, *, chunk: int = 0,
@@ -123,19 +124,23 @@ def test_the_engine_declares_vision_and_the_layout(engine, vlm):
     assert engine.describe()["vision"]["rows"] == 4
 
 
-def test_red_and_blue_give_transformers_tokens_and_differ(engine, vlm):
+@pytest.mark.parametrize("size", [ref.WIDE, ref.TALL], ids=["wide", "tall"])
+def test_red_and_blue_give_transformers_tokens_and_differ(engine, vlm, size):
+    """Wide and tall images: 2 x 4 and 4 x 2 tiles plus the global image, 9 spans of 4 rows."""
     hf = str(vlm["hf"])
     got = {}
     for rgb in (RED, BLUE):
-        got[rgb] = generate(engine.run_tick, {0: prompt(hf, rgb)})[0]
-        assert got[rgb] == want(hf, rgb), rgb
+        lane = prompt(hf, rgb, size=size)
+        assert [s.rows for s in lane[1]] == [4] * 9
+        got[rgb] = generate(engine.run_tick, {0: lane})[0]
+        assert got[rgb] == want(hf, rgb, size=size), rgb
     assert got[RED] != got[BLUE]
 
 
 def test_two_image_lanes_in_one_tick_equal_each_alone(engine, vlm):
     hf = str(vlm["hf"])
     text_only = ref.prompt(hf, "<|im_start|>User: Name a colour.\nAssistant:", [])
-    lanes = {0: prompt(hf, RED, " Describe it."), 1: prompt(hf, BLUE, " Describe it."), 2: text_only}
+    lanes = {0: prompt(hf, RED, " Describe it."), 1: prompt(hf, BLUE, " Describe it.", ref.TALL), 2: text_only}
     ticks: list = []
     together = generate(engine.run_tick, lanes, ticks=ticks)
     assert ticks[0].lanes[0].n_prefill == len(lanes[0][0]) and ticks[0].lanes[1].n_prefill == len(lanes[1][0])
@@ -162,8 +167,8 @@ def test_the_same_image_is_encoded_once(engine, vlm):
 @pytest.mark.parametrize("chunk,step_tokens", [(3, 0), (0, 2), (5, 3)])
 def test_a_prompt_cut_inside_the_image_gives_the_same_tokens(engine, vlm, chunk, step_tokens):
     """Ticks of ``chunk`` tokens and steps of ``step_tokens``: the image's rows are fed a few
-    at a time, from the middle of its span, in several steps (any 3 or 2 positions in a row hold a
-    cut, so one falls inside the 4 rows)."""
+    at a time, from the middle of its spans, in several steps (any 3 or 2 positions in a row hold a
+    cut, so one falls inside every tile's 4 rows)."""
     hf = str(vlm["hf"])
     lane = prompt(hf, BLUE)
     got = generate(engine.run_tick, {0: lane, 1: prompt(hf, RED)}, chunk=chunk, step_tokens=step_tokens)

@@ -81,8 +81,8 @@ def quadrants(size: int = 64) -> Image:
     return Image.from_rgb(size, size, px.tobytes())
 
 
-def _prompt(hf: str, rgb, before: str = "What colour is this?", after: str = " It is"):
-    return ref.prompt(hf, before, [ref.solid(rgb)], after)
+def _prompt(hf: str, rgb, before: str = "What colour is this?", after: str = " It is", size=ref.WIDE):
+    return ref.prompt(hf, before, [ref.solid(rgb, size)], after)
 
 
 def _generate(run, lanes: dict, n: int = MAX_NEW, grant: int = 3, sampling=GREEDY):
@@ -128,10 +128,13 @@ def test_a_vision_directory_declares_images_and_a_text_model_does_not(engine, hf
 # ---- through the engine (its worker) --------------------------------------------------------
 
 @needs_mlx_vlm
-def test_red_and_blue_equal_the_transformers_reference_and_differ(engine, hf):
+@pytest.mark.parametrize("size", [ref.WIDE, ref.TALL], ids=["wide", "tall"])
+def test_red_and_blue_equal_the_transformers_reference_and_differ(engine, hf, size):
+    """Wide and tall images, split into 2 x 4 and 4 x 2 tiles plus the global image (36 rows)."""
     got = {}
     for rgb in (RED, BLUE):
-        tokens, spans = _prompt(hf, rgb)
+        tokens, spans = _prompt(hf, rgb, size=size)
+        assert len(spans) == 9 and sum(s.rows for s in spans) == 36
         out, encoded = _generate(engine.run_tick, {0: (tokens, spans)})
         assert out[0] == ref.greedy(hf, tokens, spans, MAX_NEW), rgb
         assert encoded == 1
@@ -141,7 +144,7 @@ def test_red_and_blue_equal_the_transformers_reference_and_differ(engine, hf):
 
 @needs_mlx_vlm
 def test_two_image_lanes_in_one_tick_equal_one_at_a_time(engine, hf):
-    lanes = {1: _prompt(hf, GREEN, "Describe it."), 2: _prompt(hf, YELLOW, "And this one, please?", " Well,")}
+    lanes = {1: _prompt(hf, GREEN, "Describe it."), 2: _prompt(hf, YELLOW, "And this one, please?", " Well,", ref.TALL)}
     alone = {slot: _generate(engine.run_tick, {slot: lane})[0][slot] for slot, lane in lanes.items()}
     together, encoded = _generate(engine.run_tick, lanes)
     assert together == alone
@@ -171,7 +174,7 @@ def test_two_images_fed_in_pieces_equal_them_fed_whole(runner, hf):
     want = ref.greedy(hf, tokens, spans, MAX_NEW)
     whole, _ = _generate(runner().run, {0: (tokens, spans)})
     assert whole[0] == want
-    first, second = spans
+    first, second = spans[0], spans[-1]  # the first image's first tile, the second's global image
     cuts = sorted({first.start - 1, first.start + 1, first.start + 2, second.start, second.start + 3, second.end + 1})
     r = runner()
     pos, encoded = 0, 0
@@ -194,14 +197,18 @@ def test_two_images_fed_in_pieces_equal_them_fed_whole(runner, hf):
 
 
 def _reference_logprobs(hf: str, tokens, spans) -> np.ndarray:
-    """transformers' log-probabilities after the prompt (its last position)."""
+    """transformers' log-probabilities after the prompt (its last position), the image's pixels
+    cut by its processor."""
     import torch
+
+    from superfluid.core.media import images_of
 
     model = ref._model(hf)
     ids = torch.tensor([[model.config.image_token_id if t < 0 else t for t in tokens]])
-    pixels = torch.from_numpy(np.stack([s.image.normalised(ref.MEAN, ref.STD) for s in spans])[None])
+    pixels = ref.processor(hf).image_processor([[ref.pil(i) for i in images_of(spans)]], return_tensors="pt")
     with torch.no_grad():
-        logits = model(input_ids=ids, pixel_values=pixels).logits[0, -1]
+        logits = model(input_ids=ids, pixel_values=pixels["pixel_values"],
+                       pixel_attention_mask=pixels["pixel_attention_mask"]).logits[0, -1]
     return torch.log_softmax(logits.double(), dim=-1).numpy()
 
 
