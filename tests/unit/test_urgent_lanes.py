@@ -2,7 +2,8 @@
 lane is never preempted, so media lanes below the urgent classes leave ``--urgent-lanes`` lanes
 to them, and a chat arriving while every other lane holds an image is admitted at once. Driven
 through the real loop, scheduler and qos plugin on the fake engine (tests/unit/fakes.py), which
-feeds an image's placeholders like tokens."""
+feeds an image's placeholders like tokens. Last, an image that fails to encode fails its own
+request only (``LaneResult.error``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 from superfluid.core.lane import LaneState
 from superfluid.core.media import Image, MediaSpan, VisionInfo, placeholder
 
-from .fakes import FakeEngine, drive, step, submit
+from superfluid.core.tick import LaneResult
+
+from .fakes import FakeEngine, drive, expected_tokens, step, submit
 
 ROWS = 4
 
@@ -84,3 +87,30 @@ def test_one_lane_is_anyones(make):
     _, sink = with_image(loop, 1, max_tokens=3)
     drive(loop, engine, sink.done.is_set, max_ticks=10)
     assert sink.token_ids
+
+
+class FailingImages(FakeEngine):
+    """A fake engine whose image encoder fails: a lane whose feed holds an image ends with
+    ``LaneResult.error``, as core's tick reports it (tests/unit/test_media_encoding.py)."""
+
+    def execute(self, plan, feed=True):
+        result = super().execute(plan, feed)
+        for lp in plan.lanes:
+            if lp.media:
+                result.lanes[lp.slot] = LaneResult(slot=lp.slot, error="the image could not be encoded (boom)")
+        return result
+
+
+def test_an_image_that_fails_to_encode_fails_its_request_and_nothing_else(make):
+    engine = FailingImages(max_lanes=2)
+    engine.capabilities = attrs.evolve(engine.capabilities, vision=True)
+    engine.info = attrs.evolve(engine.info, vision=VisionInfo(tile=2, rows=ROWS))
+    loop, engine = make(engine, start=False, max_batch=2)
+    _, text = submit(loop, [40, 41, 42], 30, qos="agent")
+    _, broken = with_image(loop, 1, qos="agent")
+    drive(loop, engine, lambda: text.done.is_set() and broken.done.is_set())
+    assert broken.events[-1].kind == "error"
+    err = broken.events[-1].error
+    assert err.code == "image_encoding_failed" and "boom" in err.message
+    assert text.events[-1].kind == "finished" and text.token_ids == expected_tokens(42, 30)
+    assert engine.errors == [] and not loop.scheduler.lanes

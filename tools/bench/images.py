@@ -17,6 +17,11 @@ against a running server that serves a vision model:
 - **preemption** (``--preemption``, against a ``--max-batch 1`` server): a background request with
   an image decodes while an interactive chat arrives, then the same without the image. Reported:
   preemptions (``superfluid_preemptions_total``) during each and the background reply's tokens.
+- **encoding** (``--encoding``) and **promise** (``--promise``), against several servers at once
+  (``--target NAME=URL``, repeated) of a tower of a real size (``python -m
+  tools.fixtures.vlm_big_tower``): the text lanes' gaps and decode rate while images encode on the
+  tick or off it, and a chat's first token while media lanes hold the lanes
+  (:mod:`tools.bench.image_lanes`).
 
 Run it on a quiet machine: the decode rates are the figure.
 """
@@ -62,7 +67,7 @@ def image_content(rgb, text: str = QUESTION) -> list[dict]:
 async def stream(session: aiohttp.ClientSession, base: str, body: dict, headers: dict | None = None) -> dict:
     """A streamed reply's timings: when it was sent, its first token, its end, and its tokens."""
     t0 = time.perf_counter()
-    first, tokens, usage = None, 0, None
+    first, tokens, usage, times = None, 0, None, []
     async with session.post(base + "/v1/chat/completions", json=body, headers=headers or {}) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{resp.status}: {(await resp.read())[:300]!r}")
@@ -75,8 +80,9 @@ async def stream(session: aiohttp.ClientSession, base: str, body: dict, headers:
                 usage = event["usage"]
             if event.get("choices") and event["choices"][0]["delta"].get("content"):
                 tokens += 1
-                first = first or time.perf_counter()
-    return {"sent": t0, "first": first, "end": time.perf_counter(), "usage": usage}
+                times.append(time.perf_counter())
+                first = first or times[-1]
+    return {"sent": t0, "first": first, "end": time.perf_counter(), "usage": usage, "times": times}
 
 
 def decode_rate(runs: list[dict]) -> float:
@@ -185,28 +191,56 @@ async def _decoding(session, base: str) -> bool:
     return any(s.get("generated_tokens", 0) > 0 for m in models.values() for s in m["slots"])
 
 
+def targets(given: list[str] | None) -> dict[str, str]:
+    """``--target`` values as {name: URL}: ``NAME=URL``, or a bare URL named by itself."""
+    out = {}
+    for value in given or ["http://127.0.0.1:8080"]:
+        name, sep, url = value.partition("=")
+        out[name if sep else value] = url if sep else value
+    return out
+
+
 async def main_async(args) -> dict:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        model = args.model or await first_model(session, args.target, 60)
-        report = {"machine": machine.describe(), "target": args.target, "model": model}
-        if args.preemption:
-            report["preemption"] = await preemption(session, args.target, model, args.tokens)
+    from . import image_lanes
+
+    named = targets(args.target)
+    first = next(iter(named.values()))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        model = args.model or await first_model(session, first, 60)
+        report = {"machine": machine.describe(), "target": named, "model": model}
+        if args.encoding:
+            report["encoding"] = await image_lanes.encoding(session, named, model, args.text_lanes, args.tokens,
+                                                            args.images, args.delay, args.interval, args.rounds)
+        elif args.promise:
+            report["promise"] = await image_lanes.promise(session, named, model, args.media_lanes, args.tokens,
+                                                          args.delay, args.rounds)
+        elif args.preemption:
+            report["preemption"] = await preemption(session, first, model, args.tokens)
         else:
-            report["reuse"] = await reuse(session, args.target, model)
-            report["neighbours"] = await neighbours(session, args.target, model, args.text_lanes, args.tokens,
+            report["reuse"] = await reuse(session, first, model)
+            report["neighbours"] = await neighbours(session, first, model, args.text_lanes, args.tokens,
                                                     args.interval, args.rounds)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="http://127.0.0.1:8080")
+    ap.add_argument("--target", action="append", help="a server's URL, or NAME=URL (repeatable with --encoding "
+                    "and --promise, which compare the servers; default http://127.0.0.1:8080)")
     ap.add_argument("--model")
     ap.add_argument("--text-lanes", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between image requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the three neighbour runs, interleaved")
     ap.add_argument("--preemption", action="store_true", help="the preemption check (a --max-batch 1 server)")
+    ap.add_argument("--encoding", action="store_true", help="text lanes' gaps and decode rate while images "
+                    "encode (compare --image-encoding tick and admission servers; tools/bench/image_lanes.py)")
+    ap.add_argument("--promise", action="store_true", help="a chat's first token while media lanes hold the "
+                    "lanes (compare --urgent-lanes 1 and 0 servers; tools/bench/image_lanes.py)")
+    ap.add_argument("--images", type=int, default=2, help="--encoding: image requests per run")
+    ap.add_argument("--delay", type=float, default=1.0, help="--encoding: seconds before the first image; "
+                    "--promise: seconds after the media requests before the chat, while they encode")
+    ap.add_argument("--media-lanes", type=int, default=4, help="--promise: media requests sent (the servers' --max-batch)")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args(argv)
     report = asyncio.run(main_async(args))
