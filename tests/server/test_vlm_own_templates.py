@@ -24,6 +24,8 @@ from tests.server import vision_cases as cases
 from tools.fixtures.tiny_vlm import ROWS, build
 
 openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")  # the reference (and the fixture's build)
+pytest.importorskip("torch")
 
 MODEL = "vlm"
 TESTS = pathlib.Path(__file__).resolve().parents[1]

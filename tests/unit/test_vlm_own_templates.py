@@ -15,13 +15,14 @@ import pathlib
 from types import SimpleNamespace
 
 import pytest
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from superfluid.core.formats.conversation import Conversation, ImageRef, Message, TextPart
 from superfluid.core.formats.template_messages import ContentCaps, content_caps
 from superfluid.plugins.http.prepare.image_prompt import marker
 from superfluid.plugins.http.prepare.tool_format import ToolPlan
 from superfluid.plugins.http.prepare.tool_render import render_prompt
+
+render_jinja_template = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parents[1] / "shared" / "templates"
