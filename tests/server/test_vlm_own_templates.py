@@ -142,7 +142,7 @@ def _check(served, vlm, items) -> str:
 
 
 def test_red_and_blue_equal_transformers_under_the_models_own_template(served, vlm):
-    # (with "Look:" before the image, LFM2.5's fourth token is a float tie in transformers)
+    # a wording whose greedy tokens are clear of float ties (with "Look:", LFM2.5 once tied at the 4th)
     got = {rgb: _check(served, vlm, ["Here is a picture:", rgb, " What colour is it?"])
            for rgb in (cases.RED, cases.BLUE)}
     assert got[cases.RED] != got[cases.BLUE]
