@@ -1,10 +1,16 @@
 """Images on llama.cpp: the layout read from the mmproj in the daemon, the encoder in the worker.
 
-The daemon reads only the mmproj's metadata (``gguf``), to lay an image out in a prompt; the
-projector's weights load once, in the worker, into an mtmd context (libmtmd, llama.cpp's
-multimodal library, which llama-cpp-python binds). There an image is encoded into embedding rows,
-which the runner decodes as embedding batches (:mod:`.runner`): llama.cpp takes token rows or
-embedding rows in one ``llama_decode``, never both.
+The daemon reads only the mmproj's metadata (``gguf``), to lay an image out in a prompt: the
+projector's tile, and the processor's longest edge (``clip.vision.preproc_image_size``) by which
+mtmd splits an image into tiles plus a global image, as transformers' Idefics3 processor does
+(:mod:`superfluid.core.image_tiles`). The projector's weights load once, in the worker, into an
+mtmd context (libmtmd, llama.cpp's multimodal library, which llama-cpp-python binds). There mtmd
+tokenizes an image (its own preprocessing: the same resize, tiles and Lanczos filter) into text
+chunks and one image chunk per tile, then the global image's; every image chunk is encoded in
+that order, and the text chunks are checked against our layout's tokens, so a prompt never
+holds tokens mtmd would not have put there. The rows are decoded as embedding batches
+(:mod:`.runner`): llama.cpp takes token rows or embedding rows in one ``llama_decode``, never
+both.
 
 Only projectors whose image rows decode like tokens (causal attention, one position a row) are
 served: SmolVLM / Idefics3. Others (M-RoPE positions, non-causal image attention) are refused
@@ -18,7 +24,8 @@ from typing import Callable
 import numpy as np
 
 from superfluid.core.errors import ConfigError
-from superfluid.core.media import Image, VisionInfo, idefics3_layout
+from superfluid.core.image_tiles import from_mmproj
+from superfluid.core.media import Image, VisionInfo, idefics3_layout, placeholder
 
 SERVED_PROJECTORS = ("idefics3",)
 
@@ -47,17 +54,21 @@ def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | No
         raise ConfigError(f"model {model_name!r}: mmproj projector {projector!r} is not served yet "
                           f"(served: {', '.join(SERVED_PROJECTORS)}, i.e. SmolVLM / Idefics3)")
     try:
-        return idefics3_layout(int(_field(reader, "clip.vision.image_size")), int(_field(reader, "clip.vision.patch_size")),
-                               int(_field(reader, "clip.vision.projector.scale_factor") or 2), token_id)
+        tile = int(_field(reader, "clip.vision.image_size"))
+        tiling = from_mmproj({"clip.vision.preproc_image_size": _field(reader, "clip.vision.preproc_image_size")}, tile)
+        return idefics3_layout(tile, int(_field(reader, "clip.vision.patch_size")),
+                               int(_field(reader, "clip.vision.projector.scale_factor") or 2), token_id, tiling)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"model {model_name!r}: mmproj {mmproj}: {exc}") from None
 
 
 class MtmdEncoder:
-    """An mtmd context in the worker: :meth:`__call__` encodes an image (already resized to the
-    tile) into its embedding rows, a ``rows × n_embd`` float32 array."""
+    """An mtmd context in the worker: :meth:`__call__` encodes an image (as the front end fitted
+    it) into its embedding rows, every tile's then the global image's, a ``rows × n_embd``
+    float32 array; ``rows`` is one tile's."""
 
     def __init__(self, mmproj: str, model, threads: int, rows: int):
+        import llama_cpp
         import llama_cpp._logger
         from llama_cpp import mtmd_cpp as mtmd
 
@@ -79,9 +90,19 @@ class MtmdEncoder:
             raise RuntimeError(f"mmproj {mmproj} needs M-RoPE positions, which are not served")
         self.marker = mtmd.mtmd_default_marker()
         self.rows = rows
-        import llama_cpp
-
         self.n_embd = llama_cpp.llama_model_n_embd_inp(model)
+        vocab = llama_cpp.llama_model_get_vocab(model)
+
+        def token_id(text: str) -> int | None:
+            out = (llama_cpp.llama_token * 8)()
+            raw = text.encode()
+            n = llama_cpp.llama_tokenize(vocab, raw, len(raw), out, 8, False, True)
+            return out[0] if n == 1 else None
+
+        try:  # the layout the daemon gave the prompt, read here the same way
+            self.layout = vision_info("mtmd", mmproj, token_id)
+        except ConfigError as exc:
+            raise RuntimeError(str(exc)) from None
 
     def __call__(self, image: Image) -> np.ndarray:
         mtmd = self.mtmd
@@ -95,24 +116,44 @@ class MtmdEncoder:
             rc = mtmd.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1)
             if rc != 0:
                 raise RuntimeError(f"mtmd_tokenize failed ({rc})")
-            # An image the size of the tile comes back as its overview (and, for Idefics3, one
-            # identical tile); the first image chunk is the image.
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    break
-            else:
-                raise RuntimeError("mtmd gave no image chunk")
-            n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-            if n != self.rows:
-                raise RuntimeError(f"the image encodes to {n} rows, the layout expects {self.rows}")
-            if mtmd.mtmd_encode_chunk(self.ctx, chunk) != 0:
-                raise RuntimeError("mtmd_encode_chunk failed")
-            out = mtmd.mtmd_get_output_embd(self.ctx)
-            return np.ctypeslib.as_array(out, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+            return self._encode(image, chunks)
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
             mtmd.mtmd_bitmap_free(bitmap)
+
+    def _encode(self, image: Image, chunks) -> np.ndarray:
+        """Every image chunk's rows, in order, once mtmd's layout is checked to be ours."""
+        mtmd = self.mtmd
+        laid: list[int] = []
+        pictures = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                pictures.append(chunk)
+                laid += [-1] * mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+            else:
+                n = ctypes.c_size_t(0)
+                ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                laid += [int(ptr[k]) for k in range(n.value)]
+        hole = placeholder(image.digest)
+        want = [-1 if t == hole else t for t in self.layout.prompt_tokens(image)]
+        if self.layout.grid(image.width, image.height) == (0, 0) and len(pictures) == 2:
+            # one tile: mtmd gives it and the overview, which are the same pixels; the prompt
+            # holds the global image alone, as transformers' processor lays it out
+            pictures = pictures[-1:]
+        elif laid != want:
+            raise RuntimeError(f"mtmd laid out a {image.width}x{image.height} image as {len(pictures)} image chunks "
+                               f"in {len(laid)} positions, the prompt's layout as {len(want)} positions")
+        out = []
+        for chunk in pictures:
+            n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+            if n != self.rows:
+                raise RuntimeError(f"an image tile encodes to {n} rows, the layout expects {self.rows}")
+            if mtmd.mtmd_encode_chunk(self.ctx, chunk) != 0:
+                raise RuntimeError("mtmd_encode_chunk failed")
+            embd = mtmd.mtmd_get_output_embd(self.ctx)
+            out.append(np.ctypeslib.as_array(embd, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy())
+        return np.concatenate(out)
 
     def close(self) -> None:
         if self.ctx:

@@ -354,6 +354,14 @@ def test_mmproj_is_set_per_model_or_found_beside_the_gguf(start_server, vlm, tmp
     assert status == 200 and reply["usage"]["completion_tokens"] >= 1, reply
 
 
+# llama.cpp's CPU kernels are not batch-invariant: a lane's logits move in the last bits with how
+# many lanes share its decode, and a restored lane re-joins the others a tick or two apart. On
+# this random model some lanes meet a near-tie about 200 tokens in (with images of 17 tiles, as
+# the processor splits them, the lanes' compositions differ more than with one tile), so the
+# replies compared here stop before that; the kill still lands while they stream.
+KILLED_LONG = 150
+
+
 def test_a_killed_worker_loses_no_image_lane(start_server, vlm):
     """SIGKILL the llama.cpp worker while image lanes stream: the new worker encodes the images
     again and every reply is the one an undisturbed run gives."""
@@ -365,7 +373,7 @@ def test_a_killed_worker_loses_no_image_lane(start_server, vlm):
     colours = [cases.RED, cases.BLUE, cases.GREEN, (90, 40, 200)]
 
     def run(rgb, seen=None):
-        body = {"model": MODEL, "messages": cases.image_messages(rgb), "max_tokens": LONG, "temperature": 0,
+        body = {"model": MODEL, "messages": cases.image_messages(rgb), "max_tokens": KILLED_LONG, "temperature": 0,
                 "ignore_eos": True, "stream": True, "cache_prompt": False}
         req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -378,19 +386,21 @@ def test_a_killed_worker_loses_no_image_lane(start_server, vlm):
                     if chunk["choices"]:
                         text.append(chunk["choices"][0]["delta"].get("content") or "")
                         if seen is not None:
-                            seen.add(rgb)
+                            seen[rgb] = seen.get(rgb, 0) + 1
         return "".join(text)
 
     with cf.ThreadPoolExecutor(4) as pool:
         reference = list(pool.map(run, colours))
     pid = srv.get_json("/health")["models"][MODEL]["worker_pid"]
-    seen: set = set()
+    seen: dict = {}
     with cf.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(run, rgb, seen) for rgb in colours]
         deadline = time.monotonic() + 60
         while len(seen) < 4 and time.monotonic() < deadline:  # every stream under way
             time.sleep(0.005)
         os.kill(pid, signal.SIGKILL)
+        at_kill = dict(seen)
         texts = [f.result(timeout=300) for f in futures]
     assert texts == reference
+    assert len(at_kill) == 4 and max(at_kill.values()) < KILLED_LONG // 2  # every lane was mid-stream
     assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1

@@ -1,8 +1,9 @@
 """What every engine that takes images must show through the ``openai`` client against a real
-server, shared by the per-engine test modules: greedy replies for a red and a blue image equal
-the transformers reference (computed here, from the fixture's own weights) and differ; two
-concurrent image requests give the replies one at a time gives; the same image sent twice is
-encoded once and its KV reused past the image."""
+server, shared by the per-engine test modules: greedy replies for a red and a blue image, at a
+wide and a tall aspect ratio (split into 2 x 4 and 4 x 2 tiles plus the global image), equal the
+transformers reference (its own processor and ``generate``, computed here from the fixture's own
+files) and differ; two concurrent image requests give the replies one at a time gives; the same
+image sent twice is encoded once and its KV reused past the image."""
 
 from __future__ import annotations
 
@@ -17,12 +18,15 @@ QUESTION = "What colour is this?"
 MAX_NEW = 8
 
 
-def data_url(rgb: tuple[int, int, int], size: int = 64) -> str:
+SIZES = (ref.WIDE, ref.TALL)
+
+
+def data_url(rgb: tuple[int, int, int], size: int | tuple[int, int] = 64) -> str:
     return "data:image/png;base64," + base64.b64encode(ref.png(rgb, size)).decode()
 
 
-def image_messages(rgb, text: str = QUESTION) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(rgb)}},
+def image_messages(rgb, text: str = QUESTION, size: int | tuple[int, int] = 64) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(rgb, size)}},
                                          {"type": "text", "text": text}]}]
 
 
@@ -33,50 +37,43 @@ def ask(client, model: str, messages, max_tokens: int = MAX_NEW, **extra):
 
 
 @functools.cache
-def _tokenizer(hf_dir: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(hf_dir)
-
-
-def reference(hf_dir: str, rgb, text: str = QUESTION, max_new: int = MAX_NEW) -> tuple[str, int]:
+def reference(hf_dir: str, rgb, text: str = QUESTION, max_new: int = MAX_NEW, size=ref.WIDE) -> tuple[str, int]:
     """(transformers' greedy reply text, its prompt length) for :func:`image_messages`: the
-    chat template rendered by transformers with the image where the part was, laid out as
-    SmolVLM lays one out (``vision_reference.prompt``)."""
-    tok = _tokenizer(hf_dir)
-    mark = "<<IMAGE>>"
-    rendered = tok.apply_chat_template([{"role": "user", "content": mark + text}], tokenize=False,
+    chat template rendered by transformers with SmolVLM's ``<image>`` where the part was, then
+    its processor (resize, tiles, image tokens) and its model's ``generate``."""
+    tok = ref.processor(hf_dir).tokenizer
+    rendered = tok.apply_chat_template([{"role": "user", "content": "<image>" + text}], tokenize=False,
                                        add_generation_prompt=True)
-    before, after = rendered.split(mark)
-    tokens, spans = ref.prompt(hf_dir, before, [ref.solid(rgb)], after)
-    out = ref.greedy(hf_dir, tokens, spans, max_new)
-    return tok.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False), len(tokens)
+    out, n_prompt = ref.generate(hf_dir, rendered, [ref.solid(rgb, size)], max_new)
+    return tok.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False), n_prompt
 
 
 def check_reference_red_and_blue(client, model: str, hf_dir: str) -> dict:
-    """Replies for red and blue equal the reference and differ; returns them."""
+    """Replies for red and blue, wide and tall, equal the reference and differ by colour;
+    returns them."""
     got = {}
-    for rgb in (RED, BLUE):
-        reply = ask(client, model, image_messages(rgb))
-        want, n_prompt = reference(hf_dir, rgb)
-        assert reply.usage.prompt_tokens == n_prompt
-        assert reply.usage.completion_tokens == MAX_NEW
-        assert reply.choices[0].message.content == want, (rgb, reply.choices[0].message.content, want)
-        got[rgb] = reply.choices[0].message.content
-    assert got[RED] != got[BLUE]
+    for size in SIZES:
+        for rgb in (RED, BLUE):
+            reply = ask(client, model, image_messages(rgb, size=size))
+            want, n_prompt = reference(hf_dir, rgb, size=size)
+            assert reply.usage.prompt_tokens == n_prompt, (size, rgb)
+            assert reply.usage.completion_tokens == MAX_NEW
+            assert reply.choices[0].message.content == want, (size, rgb, reply.choices[0].message.content, want)
+            got[size, rgb] = reply.choices[0].message.content
+        assert got[size, RED] != got[size, BLUE]
     return got
 
 
 def check_concurrent_equals_alone(client, model: str) -> None:
-    """Two image requests at once give what each gives alone."""
-    alone = {rgb: ask(client, model, image_messages(rgb, "Describe it.")).choices[0].message.content
-             for rgb in (RED, BLUE)}
+    """Two image requests at once (a wide red and a tall blue) give what each gives alone."""
+    asks = {RED: image_messages(RED, "Describe it.", ref.WIDE), BLUE: image_messages(BLUE, "Describe it.", ref.TALL)}
+    alone = {rgb: ask(client, model, messages).choices[0].message.content for rgb, messages in asks.items()}
     together: dict = {}
 
     def run(rgb):
-        together[rgb] = ask(client, model, image_messages(rgb, "Describe it.")).choices[0].message.content
+        together[rgb] = ask(client, model, asks[rgb]).choices[0].message.content
 
-    threads = [threading.Thread(target=run, args=(rgb,)) for rgb in (RED, BLUE)]
+    threads = [threading.Thread(target=run, args=(rgb,)) for rgb in asks]
     for t in threads:
         t.start()
     for t in threads:
