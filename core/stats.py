@@ -100,7 +100,7 @@ def _lane_view(slot: int, lane: Lane, now: float) -> dict:
             "generated_tokens": lane.n_generated, "max_tokens": lane.request.max_tokens,
             "prefilled_tokens": lane.n_prefilled, "preemptions": lane.preemptions}
     if lane.request.media:  # a media lane: never preempted
-        view["images"] = len(lane.request.media)
+        view["images"] = len({span.image.digest for span in lane.request.media})  # a span per tile
     if lane.admitted_at is not None and lane.n_prefilled:
         end = lane.first_token_at or now
         view["prefill_tokens_per_s"] = round(lane.n_prefilled / max(end - lane.admitted_at, 1e-6), 1)

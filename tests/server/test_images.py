@@ -404,3 +404,19 @@ def test_a_killed_worker_loses_no_image_lane(start_server, vlm):
     assert texts == reference
     assert len(at_kill) == 4 and max(at_kill.values()) < KILLED_LONG // 2  # every lane was mid-stream
     assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
+
+
+def test_a_prompt_only_counted_counts_its_images_tiles_exactly(srv, client):
+    """Anthropic's count_tokens prepares a prompt without loading its images: each counts the
+    tiles its size gives (read from the PNG's header), as the chat that loads it does."""
+    for size in cases.SIZES + (64,):
+        png = base64.b64encode(ref.png(cases.RED, size)).decode()
+        status, counted = srv.call("POST", "/v1/messages/count_tokens", {
+            "model": MODEL, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+                {"type": "text", "text": cases.QUESTION}]}]})
+        assert status == 200, counted
+        chat = client.chat.completions.create(model=MODEL, max_tokens=1, temperature=0, extra_body={"ignore_eos": True},
+                                              messages=cases.image_messages(cases.RED, size=size))
+        assert counted["input_tokens"] == chat.usage.prompt_tokens, size
+    assert chat.usage.prompt_tokens > 100  # a square image: 4 x 4 tiles and the global image, 68 rows
