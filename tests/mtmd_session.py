@@ -47,6 +47,7 @@ class MtmdSession:
         # llama.cpp and libmtmd log every tensor and image; errors still raise here
         llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
         mtmd.mtmd_log_set(_QUIET, ctypes.c_void_p(0))
+        mtmd.mtmd_helper_log_set(_QUIET, ctypes.c_void_p(0))
         mp = llama_cpp.llama_model_default_params()
         mp.n_gpu_layers = 0
         self.model = llama_cpp.llama_model_load_from_file(gguf.encode(), mp)
