@@ -55,6 +55,7 @@ class ImageEncoder(EncoderCache):
         self._encode_now = encode
         self.background = background
         self._pending: dict[str, Future] = {}
+        self._images: dict[str, Image] = {}  # the images of the pending encodes
         self._failed: OrderedDict[str, str] = OrderedDict()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="superfluid-image-encoder") if background else None
 
@@ -71,6 +72,13 @@ class ImageEncoder(EncoderCache):
         if self._pool is None or d in self._rows or d in self._pending or d in self._failed:
             return
         self._pending[d] = self._pool.submit(self._encode_now, image)
+        self._images[d] = image
+
+    def collect(self) -> None:
+        """Take every finished encode into the cache (or the failures), so the rows of an image
+        whose request went away meanwhile are bounded by the cache like any others."""
+        for d in [d for d, fut in self._pending.items() if fut.done()]:
+            self.ready(self._images[d])
 
     def ready(self, image: Image) -> bool:
         """Whether ``image``'s rows can be fed now (or its encode has failed: :meth:`failure`).
@@ -104,6 +112,7 @@ class ImageEncoder(EncoderCache):
         """The cache's encode: the background result when there is one (waiting for it if it is
         still running), else an encode now."""
         fut = self._pending.pop(image.digest, None)
+        self._images.pop(image.digest, None)
         if fut is None:
             return self._encode_now(image)
         return fut.result()
@@ -126,6 +135,7 @@ def prefetch(media, lanes: Sequence[LanePlan]) -> None:
     start = getattr(media, "prefetch", None)
     if start is None:
         return
+    media.collect()
     for lp in lanes:
         for span in lp.media:
             start(span.image)

@@ -229,3 +229,17 @@ def test_two_images_in_one_feed_each_wait_their_turn(mode):
         assert runner.media.encodes == 2
     finally:
         runner.media.close()
+
+
+def test_a_finished_encode_nobody_asked_for_enters_the_cache_at_the_next_tick():
+    enc = HeldEncoder()
+    enc.go.set()
+    runner = RowsRunner(enc)
+    try:
+        gone = image(33)
+        runner.media.prefetch(gone)  # its request went away before a tick fed it
+        runner.media._pending[gone.digest].result(timeout=5)
+        runner.run(TickPlan(lanes=[text_lane()]))
+        assert runner.media.holds(gone) and not runner.media._pending and runner.media.encodes == 1
+    finally:
+        runner.media.close()
