@@ -63,3 +63,36 @@ def test_splitting_off_is_the_global_image_alone_and_4096_bounds_the_longest_edg
     tiling = Tiling(tile=64, longest_edge=256, split=False)
     assert tiling.grid(256, 82) == (0, 0) and tiling.count(256, 82) == 1 and tiling.max_side == 0
     assert keep_aspect(100, 50, 10000) == (4096, 2048)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "not-split"])
+@pytest.mark.parametrize("size", [(4000, 3000), (384, 384), (385, 10), (700, 2500), (5000, 100)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_at_smolvlms_scale_the_tiles_and_tokens_are_the_processors(hf, size, split):
+    """SmolVLM-Instruct's settings (tiles of 384, the longest edge to 4 of them, 81 rows a
+    tile), on the fixture's tokenizer: no weights are needed to cut an image or count it."""
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+
+    from superfluid.core.media import idefics3_layout
+    from superfluid.plugins.http.images import decode
+
+    images = Idefics3ImageProcessorPil(size={"longest_edge": 1536}, max_image_size={"longest_edge": 384},
+                                       do_image_splitting=split, resample=1)
+    proc = Idefics3Processor(images, ref.processor(hf).tokenizer, image_seq_len=81)
+    tok = proc.tokenizer
+
+    def token_id(text):
+        ids = tok.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    tiling = Tiling(tile=384, longest_edge=1536, split=split)
+    info = idefics3_layout(384, 14, 3, token_id, tiling)
+    assert info.rows == 81
+    image = ref.noise(size, seed=3)
+    fitted = decode(ref.png(image), "image", info, 1 << 30)
+    theirs = proc(text=["<image>"], images=[[ref.pil(image)]], return_tensors="np", add_special_tokens=False)
+    ours = info.prompt_tokens(fitted)
+    assert [proc.image_token_id if t < 0 else t for t in ours] == theirs["input_ids"][0].tolist()
+    tiles = tiling.tiles(fitted)
+    assert len(tiles) == info.image_rows(fitted.width, fitted.height) // 81 == len(theirs["pixel_values"][0])
+    np.testing.assert_allclose(normalise(tiles, ref.MEAN, ref.STD), theirs["pixel_values"][0], rtol=0, atol=1e-6)
