@@ -35,10 +35,11 @@ class Chunk:
 
 
 class MtmdSession:
-    """One llama.cpp context (``n_seq`` sequences) with an mtmd context for ``mmproj``."""
+    """One llama.cpp context (``n_seq`` sequences, a KV of its own each: llama.cpp's default)
+    with an mtmd context for ``mmproj``."""
 
     def __init__(self, gguf: str, mmproj: str, *, n_ctx: int = 1024, n_batch: int = 512, n_seq: int = 1,
-                 threads: int = 2):
+                 threads: int = 2, n_ubatch: int | None = None):
         import llama_cpp
         from llama_cpp import mtmd_cpp as mtmd
 
@@ -55,7 +56,8 @@ class MtmdSession:
             raise RuntimeError(f"cannot load {gguf}")
         cp = llama_cpp.llama_context_default_params()
         cp.n_ctx = n_ctx
-        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_ubatch or n_batch  # micro-batches: what one forward pass holds
         cp.n_seq_max = n_seq
         cp.n_threads = cp.n_threads_batch = threads
         self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
