@@ -56,10 +56,15 @@ def _model(hf_dir: str):
 
 @functools.cache
 def processor(hf_dir: str):
-    """transformers' ``Idefics3Processor`` from the fixture's own files."""
-    from transformers import AutoProcessor
+    """transformers' ``Idefics3Processor`` (its Pillow image processor) from the fixture's own
+    files, named rather than found through ``AutoProcessor``: mlx-vlm, once imported, registers a
+    processor of its own for the model type."""
+    from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor as Theirs
 
-    return AutoProcessor.from_pretrained(hf_dir)
+    proc = Idefics3Processor.from_pretrained(hf_dir, image_processor=Idefics3ImageProcessorPil.from_pretrained(hf_dir))
+    assert type(proc) is Theirs and type(proc.image_processor) is Idefics3ImageProcessorPil
+    return proc
 
 
 def _tokenizer(hf_dir: str):

@@ -228,6 +228,19 @@ def test_logprobs_after_an_image_equal_transformers(runner, hf):
 
 
 @needs_mlx_vlm
+@pytest.mark.parametrize("size", [(200, 64), (64, 200), (600, 300), (64, 64)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_encoders_rows_equal_transformers_image_features(hf, size):
+    """mlx-vlm's tower over every tile and the global image, as the processor cuts a noise image:
+    transformers' ``get_image_features`` row for row."""
+    _, encoder = vision.load(hf)
+    image = ref.noise(size)
+    got = encoder(ref.fit(hf, image))
+    want = ref.features(hf, [image])[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+
+
+@needs_mlx_vlm
 def test_penalties_never_see_a_placeholder(runner, hf):
     tokens, spans = _prompt(hf, RED)
     r = runner()
