@@ -1,6 +1,7 @@
 """Images at the edge: fetched (data: URLs; remote ones only where allowed), decoded, checked and
-resized as the model's image processor resizes them before a request is prepared, so that nothing past the route ever
-holds an image that is malformed, too large, or of a format not served.
+resized as the model's image processor resizes them before a request is prepared, so that
+nothing past the route ever holds an image that is malformed, too large, or of a format not
+served.
 
 What is checked, each a 400 naming the part (``messages[0].content[1].image_url.url``):
 
