@@ -137,9 +137,11 @@ class MtmdEncoder:
                 laid += [int(ptr[k]) for k in range(n.value)]
         hole = placeholder(image.digest)
         want = [-1 if t == hole else t for t in self.layout.prompt_tokens(image)]
-        if self.layout.grid(image.width, image.height) == (0, 0) and len(pictures) == 2:
-            # one tile: mtmd gives it and the overview, which are the same pixels; the prompt
-            # holds the global image alone, as transformers' processor lays it out
+        if self.layout.grid(image.width, image.height) == (0, 0) and pictures:
+            # not split: the prompt holds the global image alone, as transformers' processor lays
+            # it out. mtmd gives its overview last, after the one tile it always cuts (the same
+            # pixels), or after the slices of its generic path (an mmproj without the
+            # processor's longest edge, which the daemon then could not split either)
             pictures = pictures[-1:]
         elif laid != want:
             raise RuntimeError(f"mtmd laid out a {image.width}x{image.height} image as {len(pictures)} image chunks "

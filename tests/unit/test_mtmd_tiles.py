@@ -69,3 +69,20 @@ def test_a_layout_mtmd_does_not_give_is_refused(encoder, vlm):
             encoder(ref.fit(vlm["hf"], ref.solid((1, 2, 3), ref.WIDE)))
     finally:
         encoder.layout = good
+
+
+def test_a_layout_that_does_not_split_takes_mtmds_overview(encoder, vlm):
+    """A prompt laid out without tiles (an mmproj whose processor settings the daemon could not
+    read) gets mtmd's overview, which is last among its chunks: the global image's rows."""
+    import attrs
+
+    good = encoder.layout
+    encoder.layout = attrs.evolve(good, tiling=attrs.evolve(good.tiling, split=False))
+    try:
+        image = ref.noise(ref.WIDE)
+        got = encoder(ref.fit(vlm["hf"], image))
+    finally:
+        encoder.layout = good
+    want = ref.features(vlm["hf"], [image])[0][-4:]  # the global image's rows
+    assert got.shape == (4, 64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * float(np.abs(want).max()))
