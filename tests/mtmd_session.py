@@ -39,7 +39,7 @@ class MtmdSession:
     with an mtmd context for ``mmproj``."""
 
     def __init__(self, gguf: str, mmproj: str, *, n_ctx: int = 1024, n_batch: int = 512, n_seq: int = 1,
-                 threads: int = 2, n_ubatch: int | None = None):
+                 threads: int = 2, n_ubatch: int | None = None, image_tokens: tuple[int, int] | None = None):
         import llama_cpp
         from llama_cpp import mtmd_cpp as mtmd
 
@@ -70,6 +70,8 @@ class MtmdSession:
         params.print_timings = False
         params.n_threads = threads
         params.warmup = False
+        if image_tokens:  # libmtmd's limits on an image's rows (its own defaults otherwise)
+            params.image_min_tokens, params.image_max_tokens = image_tokens
         self.mctx = mtmd.mtmd_init_from_file(mmproj.encode(), self.model, params)
         if not self.mctx:
             raise RuntimeError(f"cannot load mmproj {mmproj}")
