@@ -34,6 +34,10 @@ class EngineCapabilities:
     embeddings: bool = False    # runs embedding lanes (Request.embed, LanePlan.embed)
     generates: bool = True      # False: an embedding-only model, which samples nothing
     vision: bool = False        # takes images: feeds LanePlan.media rows; ModelInfo.vision says how they are laid out
+    # A vision-language model served for its language half only (vision False): why, in the
+    # engine's words, naming the engine, the family and who serves its images. Requests with
+    # images are refused with it (code images_not_served) rather than as a text-only model's.
+    images_not_served: str | None = None
     # A step costs more the wider the range of slot ids its lanes span (llama.cpp's per-sequence
     # KV buffers: attention covers every buffer from the lowest slot in the batch to the highest),
     # so the KV manager keeps busy lanes in neighbouring slots.

@@ -104,8 +104,14 @@ class ModelLoop:
 
     def check_takes_images(self, param: str = "messages") -> None:
         """Images sent to a model whose engine takes none (a text-only model, or a vision model
-        loaded without its vision half), as a 400 that says so."""
-        if not getattr(self.engine.capabilities, "vision", False) or self.engine.info.vision is None:
+        loaded without its vision half), as a 400 that says so: where the engine serves only a
+        vision-language model's language half, in its own words (who serves the images)."""
+        caps = self.engine.capabilities
+        if not getattr(caps, "vision", False) or self.engine.info.vision is None:
+            reason = getattr(caps, "images_not_served", None)
+            if reason:
+                raise InvalidRequest(f"model {self.name!r} takes no images here: {reason}",
+                                     code="images_not_served", param=param)
             raise InvalidRequest(f"model {self.name!r} is text-only: it takes no images (serve a vision model with "
                                  "its mmproj to send images)", code="model_not_multimodal", param=param)
 

@@ -10,7 +10,8 @@ was loaded, so no model is half-loaded.
 A SmolVLM / Idefics3 takes images: its vision half (:mod:`.vision`) is the mmproj GGUF beside a
 text GGUF (or set with ``mmproj``), or the vision weights in its Hugging Face directory. The
 constructor reads only its shape (to lay an image out in a prompt, ``ModelInfo.vision``); the
-tower loads with the language model in :meth:`BasertEngine.start`."""
+tower loads with the language model in :meth:`BasertEngine.start`. A Gemma 3 or Qwen-VL serves
+its language half alone: images get a 400 naming the family (``images_not_served``)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.media import find_mmproj
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.vocab_engine import VocabEngine
+from superfluid.plugins import vision_families as families
 from superfluid.plugins.vocab import HFVocab, open_vocab
 from superfluid.plugins.vocab.constraints import lltokenizer
 
@@ -94,6 +96,12 @@ class BasertEngine(VocabEngine):
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"model {model.name!r}: unreadable config.json ({exc})") from None
+        if self.arch in families.GGUF_ARCH_FAMILIES:  # a Qwen-VL GGUF's language half
+            vocab.close()
+            raise ConfigError(f"model {model.name!r}: " + families.not_loadable(
+                "basert", families.GGUF_ARCH_FAMILIES[self.arch], f"GGUF architecture {self.arch}",
+                "serve the GGUF with --engine llamacpp (text and, with its mmproj, images), or the Hugging "
+                "Face directory with basert (text)"))
         if self.arch not in SUPPORTED_ARCHS:
             vocab.close()
             raise ConfigError(f"model {model.name!r}: architecture {self.arch or 'unknown'!r} is not one "
@@ -132,6 +140,12 @@ class BasertEngine(VocabEngine):
                 mmproj = find_mmproj(self.path, configured)
             src = vision.source(self.path, mmproj)
             if src is None:
+                return None, None
+            other = vision.not_served(src, name=model.name)
+            if other is not None:  # a family this tower is not: its language half serves text alone
+                reason = families.images_not_served("basert", *other)
+                self.capabilities = attrs.evolve(self.capabilities, images_not_served=reason)
+                log.info("model %s: serving text only: %s", model.name, reason)
                 return None, None
             shape = vision.read_shape(src, name=model.name)
 

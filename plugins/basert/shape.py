@@ -19,12 +19,16 @@ from superfluid.core.errors import ConfigError
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # HF ``model_type`` -> basert arch. Gemma 3's text-only checkpoints say "gemma3_text".
-HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
+                  # the language halves of Qwen2.5-VL and Qwen3-VL: Qwen2's and Qwen3's blocks, whose
+                  # multimodal RoPE is plain RoPE on text (its three position streams are equal there)
+                  "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
 
 # HF vision-language ``model_type`` -> where its language half's weights are: the prefix that
 # stands where a text-only checkpoint says ``model.`` (its head stays ``lm_head.weight``). Its
 # config nests the language half's under ``text_config``; the vision half is :mod:`.vision`'s.
-HF_VLM_TEXT_PREFIX = {"idefics3": "model.text_model."}
+HF_VLM_TEXT_PREFIX = {"idefics3": "model.text_model.", "gemma3": "language_model.model.",
+                      "qwen2_5_vl": "model.", "qwen3_vl": "model.language_model."}
 
 
 def hf_text_config(config: dict[str, Any], name: str = "config.json") -> tuple[dict[str, Any], str]:

@@ -34,8 +34,8 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import normalise
 from superfluid.core.media import Image
 
-from .vision_files import (HF_TYPES, PROJECTORS, VisionShape, expected_shapes, hf_config, read,  # noqa: F401
-                           read_shape, source)
+from .vision_files import (HF_TYPES, PROJECTORS, VisionShape, expected_shapes, hf_config, not_served,  # noqa: F401
+                           read, read_shape, source)
 
 # ---- the module -----------------------------------------------------------------------------------
 

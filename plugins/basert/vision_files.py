@@ -24,6 +24,7 @@ import torch
 from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import Tiling, from_mmproj, from_preprocessor, read_preprocessor
 from superfluid.core.media import Image, VisionInfo, idefics3_layout
+from superfluid.plugins import vision_families as families
 
 #: mmproj projector types this tower implements (llama.cpp's ``clip.projector_type``)
 PROJECTORS = ("idefics3",)
@@ -114,6 +115,19 @@ def source(model_path: str, mmproj: str | None) -> str | None:
     if os.path.isdir(model_path) and hf_config(model_path).get("vision_config") is not None:
         return model_path
     return None
+
+
+def not_served(src: str, *, name: str) -> tuple[str, str] | None:
+    """(family, the file's evidence) of a vision half this tower does not implement (a Gemma 3
+    or Qwen-VL directory or mmproj); None for one it does, or may (:func:`read_shape` checks it).
+    The engine then serves the language half alone and refuses images naming the family."""
+    if os.path.isdir(src):
+        kind = str(hf_config(src).get("model_type") or "")
+        return None if kind in HF_TYPES else (families.family(kind), f"model_type {kind}")
+    projector = _fields(_open_mmproj(src, name)).get("clip.projector_type")
+    if projector is None or projector in PROJECTORS:
+        return None
+    return families.family(str(projector), families.PROJECTOR_FAMILIES), f"projector {projector}"
 
 
 def read_shape(src: str, *, name: str) -> VisionShape:

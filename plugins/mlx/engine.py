@@ -49,9 +49,13 @@ class MlxEngine(WorkerEngine):
         if os.path.isdir(self.path) and not os.path.isfile(os.path.join(self.path, "config.json")):
             raise ConfigError(f"model {model.name!r}: {self.path} is not an mlx-lm model directory "
                               "(no config.json)")
-        self.vision = vision.has_vision(self.path)  # a SmolVLM directory: images through mlx-vlm
+        # a SmolVLM directory: images through mlx-vlm; a Gemma 3 / Qwen-VL one: its text half alone
+        text_half_only = vision.images_not_served(self.path)
+        if text_half_only:
+            vision.check_text_half(model.name, self.path)
+        self.vision = vision.has_vision(self.path) and not text_half_only
         vocab = open_vocab(self.path, model.name)
-        if self.vision:  # the language half's context and width sit in its text_config
+        if self.vision or text_half_only:  # the language half's context and width sit in its text_config
             vocab.info = attrs.evolve(vocab.info, **vision.text_facts(self.path))
         self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
         self.pool_cells = int(CORE_OPTIONS.of(model).kv_pool_cells or 0)  # a shared pool's (pool.py)
@@ -69,6 +73,9 @@ class MlxEngine(WorkerEngine):
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         if self.vision:
             self._take_images(model)
+        elif text_half_only:
+            self.capabilities = _evolved(self.capabilities, images_not_served=text_half_only)
+            log.info("model %s: serving text only: %s", model.name, text_half_only)
         self.worker = WorkerProcess(model.name, "MLX worker")
 
     def _take_images(self, model) -> None:

@@ -141,10 +141,48 @@ def load_gguf(path: str):
 
 def load_directory(path: str):
     """(model, config) for an mlx-lm model directory (HF safetensors or MLX-converted)."""
+    import json
+    from pathlib import Path
+
     from mlx_lm.utils import load_model
 
-    model, config = load_model(__import__("pathlib").Path(path))
+    with open(os.path.join(path, "config.json")) as fh:
+        config = json.load(fh)
+    model, config = load_model(Path(path), model_config=transformers5_fields(config) or None)
     return model, config
+
+
+def _rope_fields(config: dict) -> dict:
+    """``rope_theta`` (and Gemma 3's ``rope_local_base_freq``) where transformers 5 wrote them
+    only into ``rope_parameters``, which some mlx-lm classes (qwen2, gemma3_text) do not read:
+    they would run their default base instead (Qwen2's 1 000 000), a different model."""
+    rope = config.get("rope_parameters") or {}
+    out = {}
+    if "rope_theta" not in config:
+        if rope.get("rope_theta") is not None:
+            out["rope_theta"] = rope["rope_theta"]
+        elif (rope.get("full_attention") or {}).get("rope_theta") is not None:  # Gemma 3: per layer kind
+            out["rope_theta"] = rope["full_attention"]["rope_theta"]
+    local = (rope.get("sliding_attention") or {}).get("rope_theta")
+    if local is not None and "rope_local_base_freq" not in config:
+        out["rope_local_base_freq"] = local
+    return out
+
+
+def transformers5_fields(config: dict) -> dict:
+    """The config fields to add so mlx-lm reads a directory transformers 5 saved as transformers
+    4's would read (top level, and a vision-language model's ``text_config``)."""
+    out = _rope_fields(config)
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        fields = _rope_fields(text)
+        if fields:
+            out["text_config"] = {**text, **fields}
+        if config.get("model_type") == "gemma3" and text.get("vocab_size") and "vocab_size" not in config:
+            # mlx-lm's gemma3 takes the vocabulary's size from the top level (default: Gemma 3's
+            # 262 208), where transformers 5 writes it only into text_config
+            out["vocab_size"] = int(text["vocab_size"])
+    return out
 
 
 def is_model_directory(path: str) -> bool:

@@ -12,7 +12,9 @@ feeds the image rows through mlx-lm's ``input_embeddings`` where the prompt hold
 
 The daemon side (:func:`layout`) reads only ``config.json`` and ``preprocessor_config.json``
 and imports no MLX: it decides whether the directory has a vision half, whether it is served,
-and how an image is laid out in a prompt."""
+and how an image is laid out in a prompt. A Gemma 3 or Qwen-VL directory serves its language
+half through mlx-lm's own classes, as text, and refuses images naming the family
+(:func:`images_not_served`)."""
 
 from __future__ import annotations
 
@@ -26,9 +28,13 @@ import numpy as np
 from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import Tiling, from_preprocessor, normalise, read_preprocessor
 from superfluid.core.media import Image, VisionInfo, idefics3_layout
+from superfluid.plugins import vision_families as families
 
 #: HF ``model_type`` of the vision-language directories served (SmolVLM is an Idefics3)
 SERVED_TYPES = ("idefics3", "smolvlm")
+#: vision-language types whose language half mlx-lm runs as a text model of its own (its
+#: ``gemma3``, ``qwen2_vl``, ``qwen3_vl`` classes drop the vision weights): served for text only
+TEXT_HALF_TYPES = ("gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 #: how to get mlx-vlm, for messages
 INSTALL = "pip install 'superfluid[mlx-vlm]'"
 DEFAULT_MEAN = DEFAULT_STD = (0.5, 0.5, 0.5)  # SmolVLM's, when the directory does not say
@@ -52,6 +58,33 @@ def has_vision(path: str) -> bool:
     return bool(hf_config(path).get("vision_config"))
 
 
+def images_not_served(path: str) -> str | None:
+    """Why the directory's model is served for text only (a family whose images MLX does not
+    serve but whose language half mlx-lm runs), in the words the 400 for an image request
+    gives; None for a text model, a vision model served, or one not served at all."""
+    kind = str(hf_config(path).get("model_type") or "")
+    if not has_vision(path) or kind not in TEXT_HALF_TYPES:
+        return None
+    return families.images_not_served("mlx", families.family(kind), f"model_type {kind}")
+
+
+def check_text_half(model_name: str, path: str) -> None:
+    """ConfigError for a language half mlx-lm's class cannot run: its Gemma 3 takes the global
+    layer's mask from layer ``sliding_window_pattern - 1`` (a Gemma 3 with fewer layers fails at
+    its first token, so it is refused at serve time instead)."""
+    config = hf_config(path)
+    if config.get("model_type") != "gemma3":
+        return
+    text = config.get("text_config") or {}
+    layers = int(text.get("num_hidden_layers") or 0)
+    pattern = int(text.get("sliding_window_pattern") or 6)  # mlx-lm's reading (and default)
+    if layers < pattern:
+        raise ConfigError(f"model {model_name!r}: {path}: " + families.not_loadable(
+            "mlx", "Gemma 3", f"{layers} layers",
+            f"mlx-lm's Gemma 3 needs a global layer every {pattern} layers and so at least {pattern}; "
+            "serve it with --engine basert (text) or --engine llamacpp"))
+
+
 def mlx_vlm_installed() -> bool:
     return importlib.util.find_spec("mlx_vlm") is not None
 
@@ -62,8 +95,10 @@ def layout(model_name: str, path: str, token_id: Callable[[str], int | None]) ->
     config = hf_config(path)
     kind = str(config.get("model_type") or "")
     if kind not in SERVED_TYPES:
-        raise ConfigError(f"model {model_name!r}: {path} is a vision-language model of type {kind!r}, which the "
-                          f"MLX engine does not serve (served: {', '.join(SERVED_TYPES)}, i.e. SmolVLM / Idefics3)")
+        raise ConfigError(f"model {model_name!r}: {path}: " + families.not_loadable(
+            "mlx", families.family(kind), f"model_type {kind}",
+            f"its images are served for {', '.join(SERVED_TYPES)} (SmolVLM / Idefics3) and its text for "
+            f"{', '.join(TEXT_HALF_TYPES)}; llama.cpp serves the families it reads from a GGUF and mmproj"))
     if not mlx_vlm_installed():
         raise ConfigError(f"model {model_name!r}: {path} has a vision half, which the MLX engine runs through "
                           f"mlx-vlm, and mlx-vlm is not installed ({INSTALL})")
