@@ -104,4 +104,5 @@ def test_transformers5_rope_and_vocab_fields_are_filled_in_for_mlx_lm():
     fields = transformers5_fields(gemma)
     assert fields["vocab_size"] == 99
     assert (fields["text_config"]["rope_theta"], fields["text_config"]["rope_local_base_freq"]) == (1e6, 1e4)
-    assert transformers5_fields({"model_type": "qwen2", "rope_theta": 5.0, "rope_parameters": {"rope_theta": 7.0}}) == {}
+    stated = {"model_type": "qwen2", "rope_theta": 5.0, "rope_parameters": {"rope_theta": 7.0}}
+    assert transformers5_fields(stated) == {}  # a base the config states is kept
