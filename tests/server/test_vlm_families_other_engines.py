@@ -151,3 +151,20 @@ def test_a_model_the_engine_cannot_load_is_a_config_error_naming_who_serves_it(e
     text = log.read_text()
     assert f"{engine} does not serve {words} models" in text and "--engine llamacpp" in text, text
     assert "Traceback" not in text, text
+
+
+def test_the_messages_and_responses_apis_refuse_an_image_with_the_same_reason(served):
+    srv, engine, family, _hf = served
+    png = cases.data_url(cases.RED).split(",", 1)[1]
+    status, reply = srv.call("POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": N, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
+            {"type": "text", "text": cases.QUESTION}]}]})
+    assert status == 400 and reply["type"] == "error", reply
+    assert f"{engine} does not serve {NAMES[family]} images" in reply["error"]["message"], reply
+    status, reply = srv.call("POST", "/v1/responses", {
+        "model": MODEL, "max_output_tokens": N, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": cases.data_url(cases.RED)},
+            {"type": "input_text", "text": cases.QUESTION}]}]})
+    assert status == 400 and reply["error"]["code"] == "images_not_served", reply
+    assert NAMES[family] in reply["error"]["message"], reply
