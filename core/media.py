@@ -31,6 +31,7 @@ import attrs
 import numpy as np
 
 from .image_tiles import Tiling
+from .smart_resize import SmartResize
 
 
 @attrs.define(frozen=True)
@@ -84,10 +85,23 @@ class MediaSpan:
     start: int
     rows: int
     offset: int = 0
+    # (nx, ny): the merged patch grid of an image whose rows take 2-D positions (M-RoPE: Qwen-VL);
+    # None: one position a row
+    grid: tuple[int, int] | None = None
+
+    def __attrs_post_init__(self):
+        if self.grid is not None and self.grid[0] * self.grid[1] != self.rows:
+            raise ValueError(f"a {self.grid[0]}x{self.grid[1]} grid is not {self.rows} rows")
 
     @property
     def end(self) -> int:
         return self.start + self.rows
+
+    @property
+    def n_pos(self) -> int:
+        """Positions the span takes in the model's sequence: the next token goes this far past
+        its start (M-RoPE: the grid's longer side; else one a row)."""
+        return max(self.grid) if self.grid is not None else self.rows
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
@@ -99,6 +113,33 @@ def span_at(spans: Sequence[MediaSpan], pos: int) -> MediaSpan:
         if span.start <= pos < span.end:
             return span
     raise LookupError(f"no image fills prompt position {pos}")
+
+
+def snap(spans: Sequence[MediaSpan], n: int) -> int:
+    """``n``, or the start of the span ``n`` falls inside: the longest prefix of at most ``n``
+    tokens that holds every image whole. A KV can only be cut there under M-RoPE (an image's
+    cells share one position) and, with non-causal image attention, only there is it what a
+    whole prompt would have computed (rows before a cut saw rows after it)."""
+    for span in spans:
+        if span.start < n < span.end:
+            return span.start
+    return n
+
+
+def whole_chunk(spans: Sequence[MediaSpan], start: int, n: int) -> int:
+    """A prefill chunk of ``n`` tokens from ``start``, made longer where it would end inside a
+    span so every image goes whole (an image step needs all of it; a cut inside it is no cut)."""
+    end = start + n
+    for span in spans:
+        if span.start < end < span.end and span.start >= start:
+            return span.end - start
+    return n
+
+
+def grids(spans: Sequence[MediaSpan]) -> tuple[tuple[int, int, int], ...]:
+    """``(start, nx, ny)`` of every span with a 2-D grid: what an M-RoPE engine needs to place
+    a lane's tokens (its next position is not its token count past such an image)."""
+    return tuple((s.start, s.grid[0], s.grid[1]) for s in spans if s.grid is not None)
 
 
 def spans_within(spans: Sequence[MediaSpan], start: int, end: int) -> tuple[MediaSpan, ...]:
@@ -147,9 +188,19 @@ class VisionInfo:
     family: str = ""
     tiling: Tiling | None = None
     tile_tokens: TileTokens | None = None
+    # Pillow's filter for an image not split (None: bicubic); Gemma 3's processor stretches bilinear
+    resample: int | None = None
+    # text the processor writes each side of the image's tokens, tokenized with the prompt's text
+    # around it (Gemma 3: a blank line each side of <start_of_image> … <end_of_image>)
+    text_around: tuple[str, str] = ("", "")
+    # Qwen-VL: the image is resized to the processor's smart size and fills one span of
+    # nx × ny rows on a 2-D grid (M-RoPE positions); ``tile`` and ``rows`` are then unused
+    smart_resize: SmartResize | None = None
 
     def fit(self, width: int, height: int) -> tuple[int, int]:
         """The size the front end resizes a ``width × height`` image to."""
+        if self.smart_resize is not None:
+            return self.smart_resize.size(width, height)
         return self.tiling.resized(width, height) if self.tiling is not None else (self.tile, self.tile)
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
@@ -161,6 +212,9 @@ class VisionInfo:
 
     def image_rows(self, width: int, height: int) -> int:
         """Embedding rows an image of that (fitted) size gives: every tile's and the global's."""
+        if self.smart_resize is not None:
+            nx, ny = self.smart_resize.grid(width, height)
+            return nx * ny
         r, c = self.grid(width, height)
         return (r * c + 1) * self.rows
 
@@ -170,8 +224,12 @@ class VisionInfo:
         rows fill) for the image placed at prompt position ``start``. ``size``: the fitted size,
         for an image whose pixels are not loaded (a prompt only being counted)."""
         width, height = size if size is not None else (image.width, image.height)
-        n_rows, n_cols = self.grid(width, height)
         hole = placeholder(image.digest)
+        if self.smart_resize is not None:  # one span on the merged patch grid
+            nx, ny = self.smart_resize.grid(width, height)
+            span = MediaSpan(image=image, start=start + len(self.before), rows=nx * ny, grid=(nx, ny))
+            return [*self.before, *[hole] * span.rows, *self.after], (span,)
+        n_rows, n_cols = self.grid(width, height)
         tokens: list[int] = []
         spans: list[MediaSpan] = []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lane import Lane
-from .media import spans_within
+from .media import grids, spans_within
 from .tick import LanePlan, LaneResult, TickPlan
 
 
@@ -45,6 +45,7 @@ def _bind_media(plan: TickPlan, lanes: list[Lane]) -> None:
             continue
         if not lp.decode and lp.feed:
             lp.media = spans_within(lane.request.media, lp.pos, lp.pos + len(lp.feed))
+        lp.grids = grids(lane.request.media)
         if lp.history:  # image rows are no tokens a fresh sampler could have seen
             lp.history = [t for t in lp.history if t >= 0]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .lane import Lane
+from .media import snap
 from .prefix import MIN_REUSE, common_prefix
 from .tick import OWN, Seed
 
@@ -40,7 +41,9 @@ def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], bus
     seed, and the cached slot it copies from instead of taking it (kept whole this tick), if any.
     The longest prefix wins: a free slot's cache, a running lane's KV, the host tier."""
     seed, copied = OWN, None
+    media = lane.request.media  # a prefix holds every image whole (see media.snap)
     slot, reuse = cache.best_slot(lane.tokens, free, busy)
+    reuse = snap(media, reuse)
     if reuse and len(cache.tokens(slot)) > reuse + MIN_REUSE:
         # The cache holds more than this lane shares (another conversation that branched off
         # here): copy the shared part into the least valuable other free slot (an empty one
@@ -53,11 +56,12 @@ def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], bus
         source = kv_source(donor)
         if source is None:
             continue
-        shared = min(common_prefix(donor.tokens[:donor.n_cached], lane.tokens), len(lane.tokens) - 1)
+        shared = snap(media, min(common_prefix(donor.tokens[:donor.n_cached], lane.tokens), len(lane.tokens) - 1))
         if shared > reuse and shared >= MIN_REUSE:
             reuse, seed = shared, Seed(slot=source)
     if len(host):  # a host-memory prefix may hold more of it
         key, shared = host.best(lane.tokens)
+        shared = snap(media, shared)
         if key is not None and shared > reuse and shared >= MIN_REUSE:
             reuse, seed = shared, Seed(key=key, shared=True)
     return slot, reuse, seed, copied

@@ -81,6 +81,10 @@ class LanePlan:
     # (core/media.py), and the engine feeds the embedding row of the span that covers its position
     # there instead of a token embedding. Empty for a feed of tokens only.
     media: tuple[MediaSpan, ...] = ()
+    # ``(start, nx, ny)`` of every image in the lane's tokens whose rows sit on a 2-D grid
+    # (M-RoPE: Qwen-VL): past one, a token's model position is not its index, so an engine
+    # needs them to place the feed, cut, copy or restore the slot, decode grants included.
+    grids: tuple[tuple[int, int, int], ...] = ()
 
 
 @attrs.define

@@ -164,7 +164,8 @@ def decode(data: bytes, param: str, vision: VisionInfo | int, max_pixels: int) -
         size, resample = (vision, vision), BICUBIC
     else:
         size = vision.fit(*rgb.size)
-        resample = vision.tiling.resample if vision.tiling is not None else BICUBIC
+        resample = vision.tiling.resample if vision.tiling is not None else \
+            (vision.resample if vision.resample is not None else BICUBIC)
     if rgb.size != size:
         rgb = rgb.resize(size, resample)
     return Image.from_rgb(size[0], size[1], rgb.tobytes())

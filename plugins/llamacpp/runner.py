@@ -30,6 +30,7 @@ from . import native
 from .buffers import LogitRows, host_buffer
 from .hidden import HiddenStates
 from .image_steps import ImageSteps
+from .kv_positions import KvPositions
 from .sampling import build_sampler, free_sampler
 
 
@@ -37,7 +38,7 @@ def _slot(w: Work) -> int:
     return w.slot
 
 
-class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
+class LlamaCppRunner(ImageSteps, KvPositions, tick_runner.TickRunner):
     """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag: StopFlag, kv_capacity: int, *,
@@ -88,42 +89,6 @@ class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
         self.penalized.discard(slot)
         self.greedy.discard(slot)
         self.rows.pop(slot, None)
-
-    def cut(self, slot: int, pos: int) -> None:
-        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) >= pos:
-            llama_cpp.llama_memory_seq_rm(self.mem, slot, pos, -1)
-
-    def copy(self, src: int, dst: int, pos: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self.mem, dst, -1, -1)
-        if self.unified:  # one pool: the slot shares the source's cells for positions [0, pos)
-            llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, pos)
-        else:  # across per-sequence buffers llama.cpp copies whole buffers only: copy, then cut
-            llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
-
-    def keep_prefix(self, slot: int, pos: int) -> bool:
-        if not llama_cpp.llama_memory_seq_rm(self.mem, slot, pos, -1):
-            return False  # a recurrent state cannot be cut back to ``pos``
-        if pos == 0:
-            return True
-        if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) != pos - 1:
-            return False
-        if self.n_swa > 0:
-            # A sliding-window cache drops cells that fell out of the window of its sequence's
-            # end, so a prefix cut short of that end may lack the cells the next token attends
-            # to (those after pos - n_swa). llama-server's test: seq_pos_min <= max(0, pos - n_swa).
-            low = llama_cpp.llama_memory_seq_pos_min(self.mem, slot)
-            if low > max(0, pos - self.n_swa):
-                return False
-        return True
-
-    def kv_used(self, touched) -> int:
-        """Cells held, per sequence. In a shared pool a cell two sequences share counts twice (an
-        upper bound: llama.cpp exposes no count of used cells). Only a sequence a tick fed, cut,
-        seeded or cleared can have changed, so only the ``touched`` slots are asked again."""
-        for seq in touched:
-            top = llama_cpp.llama_memory_seq_pos_max(self.mem, seq)
-            self.used[seq] = top - llama_cpp.llama_memory_seq_pos_min(self.mem, seq) + 1 if top >= 0 else 0
-        return sum(self.used.values())
 
     # ---- parked KV -------------------------------------------------------------------------
 
@@ -237,7 +202,7 @@ class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
             return self._decode_rounds(active, plan.quiet, result.steps)
         if self.media is not None:
             images = [w for w in active if w.feed and w.feed[0] < 0]
-            if images:
+            if self.image_step_now(images, len(images) < len(active)):
                 return self._image_step(images, plan.step_tokens, result.steps)
         return self._step(active, plan.step_tokens, result.steps)
 
@@ -271,9 +236,10 @@ class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
         scores: list[tuple[Work, int, list]] = []  # (work, first batch index, targets)
         for w, count in shares:
             last = count == len(w.feed) and w.sample
+            at = self.at(w.slot, w.pos)  # (a text run never holds an image: one position a token)
             for i in range(count):
                 batch.token[n + i] = w.feed[i]
-                batch.pos[n + i] = w.pos + i
+                batch.pos[n + i] = at + i
                 batch.n_seq_id[n + i] = 1
                 batch.seq_id[n + i][0] = w.slot
                 batch.logits[n + i] = w.embed  # an embedding lane needs every token's hidden state
@@ -335,7 +301,7 @@ class LlamaCppRunner(ImageSteps, tick_runner.TickRunner):
         the stop flag aborted one."""
         lanes = sorted(active, key=_slot)
         got = self.rounds.run(
-            [w.slot for w in lanes], [w.pos for w in lanes], [w.feed[0] for w in lanes],
+            [w.slot for w in lanes], [self.at(w.slot, w.pos) for w in lanes], [w.feed[0] for w in lanes],
             [None if w.slot in self.greedy else self.samplers.get(w.slot) for w in lanes],
             [w.max_new - len(w.result.tokens) for w in lanes], [w.ignore_eos for w in lanes], quiet)
         for w, tokens, ended in zip(lanes, got.tokens, got.ended):

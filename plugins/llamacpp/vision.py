@@ -12,9 +12,11 @@ holds tokens mtmd would not have put there. The rows are decoded as embedding ba
 (:mod:`.runner`): llama.cpp takes token rows or embedding rows in one ``llama_decode``, never
 both.
 
-Only projectors whose image rows decode like tokens (causal attention, one position a row) are
-served: SmolVLM / Idefics3. Others (M-RoPE positions, non-causal image attention) are refused
-when the model loads, naming the projector."""
+Served projectors: SmolVLM / Idefics3 (tiles, rows decoded like tokens); Gemma 3 (one image
+squeezed to its tile, rows decoded with non-causal attention, one whole image a step:
+:mod:`.noncausal`); Qwen2-VL, Qwen2.5-VL and Qwen3-VL (the image resized by the processor's
+smart-resize rule to a grid of merged patches, rows placed by M-RoPE positions: :mod:`.mrope`).
+Others are refused when the model loads, naming the projector."""
 
 from __future__ import annotations
 
@@ -26,8 +28,13 @@ import numpy as np
 from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import from_mmproj
 from superfluid.core.media import Image, VisionInfo, idefics3_layout, placeholder
+from superfluid.core.smart_resize import SmartResize, mtmd_token_limits
 
-SERVED_PROJECTORS = ("idefics3",)
+# the mmproj's clip.projector_type -> the family it serves
+SERVED_PROJECTORS = {"idefics3": "idefics3", "gemma3": "gemma3", "qwen2vl_merger": "qwen2vl",
+                     "qwen2.5vl_merger": "qwen25vl", "qwen3vl_merger": "qwen3vl"}
+QWEN_FAMILIES = ("qwen2vl", "qwen25vl", "qwen3vl")
+BILINEAR = 2  # Pillow's filter number: Gemma 3's processor stretches an image to its tile with it
 
 
 def _field(reader, key: str):
@@ -38,9 +45,11 @@ def _field(reader, key: str):
     return value
 
 
-def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | None]) -> VisionInfo:
+def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | None], n_ubatch: int = 512
+                ) -> VisionInfo:
     """How the model lays out an image, from its mmproj's metadata; ConfigError for a file that
-    is no mmproj, a projector not served, or a vocabulary without the image tokens."""
+    is no mmproj, a projector not served, a vocabulary without the image tokens, or a Gemma 3
+    image longer than ``n_ubatch`` (its non-causal decode must hold the image whole)."""
     import gguf
 
     try:
@@ -52,8 +61,18 @@ def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | No
         raise ConfigError(f"model {model_name!r}: {mmproj} is not a vision mmproj (no clip vision encoder)")
     if projector not in SERVED_PROJECTORS:
         raise ConfigError(f"model {model_name!r}: mmproj projector {projector!r} is not served yet "
-                          f"(served: {', '.join(SERVED_PROJECTORS)}, i.e. SmolVLM / Idefics3)")
+                          f"(served: {', '.join(SERVED_PROJECTORS)}: SmolVLM / Idefics3, Gemma 3, "
+                          "Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
+    family = SERVED_PROJECTORS[projector]
     try:
+        if family == "gemma3":
+            layout = gemma3_layout(reader, token_id)
+            if layout.rows > n_ubatch:
+                raise ConfigError(f"model {model_name!r}: gemma3 images are {layout.rows} rows, decoded whole in "
+                                  f"one micro-batch of {n_ubatch}: set n_ubatch >= {layout.rows}")
+            return layout
+        if family in QWEN_FAMILIES:
+            return qwen_vl_layout(reader, family, token_id)
         tile = int(_field(reader, "clip.vision.image_size"))
         tiling = from_mmproj({"clip.vision.preproc_image_size": _field(reader, "clip.vision.preproc_image_size")}, tile)
         return idefics3_layout(tile, int(_field(reader, "clip.vision.patch_size")),
@@ -62,10 +81,41 @@ def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | No
         raise ConfigError(f"model {model_name!r}: mmproj {mmproj}: {exc}") from None
 
 
+def _ids(token_id: Callable[[str], int | None], family: str, *names: str) -> tuple[int, ...]:
+    ids = tuple(token_id(name) for name in names)
+    if None in ids:
+        raise ValueError(f"the vocabulary lacks {family}'s image tokens {list(names)}")
+    return ids
+
+
+def gemma3_layout(reader, token_id: Callable[[str], int | None]) -> VisionInfo:
+    """Gemma 3: any image stretched (bilinear) to the square tile, ``(tile / patch)² / merge²``
+    rows (the mmproj's scale factor, 4 unless it says), written as its processor expands
+    ``<start_of_image>``: a blank line, ``<start_of_image>``, the rows, ``<end_of_image>``, a
+    blank line (the blank lines tokenized with the text around them, as the processor does)."""
+    tile, patch = int(_field(reader, "clip.vision.image_size")), int(_field(reader, "clip.vision.patch_size"))
+    merge = int(_field(reader, "clip.vision.projector.scale_factor") or 4)
+    rows = (tile // patch) ** 2 // (merge * merge)
+    start, end = _ids(token_id, "gemma3", "<start_of_image>", "<end_of_image>")
+    return VisionInfo(tile=tile, rows=rows, before=(start,), after=(end,), family="gemma3", resample=BILINEAR,
+                      text_around=("\n\n", "\n\n"))
+
+
+def qwen_vl_layout(reader, family: str, token_id: Callable[[str], int | None]) -> VisionInfo:
+    """Qwen-VL: the image resized by the processor's smart-resize rule (the mmproj's patch and
+    merge sizes, the processor's default pixel limits) to a grid of merged patches, one row
+    each, between ``<|vision_start|>`` and ``<|vision_end|>``."""
+    rule = SmartResize(patch=int(_field(reader, "clip.vision.patch_size")),
+                       merge=int(_field(reader, "clip.vision.spatial_merge_size") or 2))
+    start, end = _ids(token_id, family, "<|vision_start|>", "<|vision_end|>")
+    return VisionInfo(tile=rule.factor, rows=0, before=(start,), after=(end,), family=family, smart_resize=rule)
+
+
 class MtmdEncoder:
     """An mtmd context in the worker: :meth:`__call__` encodes an image (as the front end fitted
     it) into its embedding rows, every tile's then the global image's, a ``rows × n_embd``
-    float32 array; ``rows`` is one tile's."""
+    float32 array; ``rows`` is one tile's (Qwen-VL: unused, each image's grid decides).
+    ``mrope`` and ``non_causal`` say how the rows must be decoded (libmtmd's answers)."""
 
     def __init__(self, mmproj: str, model, threads: int, rows: int):
         import llama_cpp
@@ -81,16 +131,6 @@ class MtmdEncoder:
         params.print_timings = False
         params.n_threads = threads
         params.warmup = False
-        self.ctx = mtmd.mtmd_init_from_file(mmproj.encode(), model, params)
-        if not self.ctx:
-            raise RuntimeError(f"cannot load mmproj {mmproj}")
-        if not mtmd.mtmd_support_vision(self.ctx):
-            raise RuntimeError(f"mmproj {mmproj} has no vision encoder")
-        if mtmd.mtmd_decode_use_mrope(self.ctx):
-            raise RuntimeError(f"mmproj {mmproj} needs M-RoPE positions, which are not served")
-        self.marker = mtmd.mtmd_default_marker()
-        self.rows = rows
-        self.n_embd = llama_cpp.llama_model_n_embd_inp(model)
         vocab = llama_cpp.llama_model_get_vocab(model)
 
         def token_id(text: str) -> int | None:
@@ -103,6 +143,18 @@ class MtmdEncoder:
             self.layout = vision_info("mtmd", mmproj, token_id)
         except ConfigError as exc:
             raise RuntimeError(str(exc)) from None
+        if self.layout.smart_resize is not None:  # libmtmd's pixel limits made the processor's
+            params.image_min_tokens, params.image_max_tokens = mtmd_token_limits(self.layout.smart_resize)
+        self.ctx = mtmd.mtmd_init_from_file(mmproj.encode(), model, params)
+        if not self.ctx:
+            raise RuntimeError(f"cannot load mmproj {mmproj}")
+        if not mtmd.mtmd_support_vision(self.ctx):
+            raise RuntimeError(f"mmproj {mmproj} has no vision encoder")
+        self.mrope = bool(mtmd.mtmd_decode_use_mrope(self.ctx))
+        self.non_causal = bool(mtmd.mtmd_decode_use_non_causal(self.ctx, None))  # (None: the image half)
+        self.marker = mtmd.mtmd_default_marker()
+        self.rows = rows
+        self.n_embd = llama_cpp.llama_model_n_embd_inp(model)
 
     def __call__(self, image: Image) -> np.ndarray:
         mtmd = self.mtmd
@@ -137,7 +189,7 @@ class MtmdEncoder:
                 laid += [int(ptr[k]) for k in range(n.value)]
         hole = placeholder(image.digest)
         want = [-1 if t == hole else t for t in self.layout.prompt_tokens(image)]
-        if self.layout.grid(image.width, image.height) == (0, 0) and pictures:
+        if self.layout.family == "idefics3" and self.layout.grid(image.width, image.height) == (0, 0) and pictures:
             # not split: the prompt holds the global image alone, as transformers' processor lays
             # it out. mtmd gives its overview last, after the one tile it always cuts (the same
             # pixels), or after the slices of its generic path (an mmproj without the
@@ -147,10 +199,17 @@ class MtmdEncoder:
             raise RuntimeError(f"mtmd laid out a {image.width}x{image.height} image as {len(pictures)} image chunks "
                                f"in {len(laid)} positions, the prompt's layout as {len(want)} positions")
         out = []
+        grid = self.layout.smart_resize.grid(image.width, image.height) if self.layout.smart_resize else None
         for chunk in pictures:
             n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-            if n != self.rows:
-                raise RuntimeError(f"an image tile encodes to {n} rows, the layout expects {self.rows}")
+            if grid is not None:
+                tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
+                got = (mtmd.mtmd_image_tokens_get_nx(tokens), mtmd.mtmd_image_tokens_get_ny(tokens))
+                if got != grid:
+                    raise RuntimeError(f"mtmd made a {image.width}x{image.height} image a {got[0]}x{got[1]} grid, "
+                                       f"the layout a {grid[0]}x{grid[1]} one")
+            elif n != self.layout.rows:
+                raise RuntimeError(f"an image tile encodes to {n} rows, the layout expects {self.layout.rows}")
             if mtmd.mtmd_encode_chunk(self.ctx, chunk) != 0:
                 raise RuntimeError("mtmd_encode_chunk failed")
             embd = mtmd.mtmd_get_output_embd(self.ctx)

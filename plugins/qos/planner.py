@@ -11,6 +11,7 @@ import math
 
 from superfluid.core import qos
 from superfluid.core.lane import Lane
+from superfluid.core.media import whole_chunk
 from superfluid.core.tick import OWN, LanePlan, TickPlan
 
 from .options import OPTIONS
@@ -121,6 +122,8 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
         if left <= 0:
             break
         n = min(lane.to_feed, left)
+        if lane.request.media:  # an image goes whole, past the budget if need be
+            n = whole_chunk(lane.request.media, lane.n_cached, n)
         chunks.append((lane, n))
         left -= n
     # A tick in which an urgent prompt finishes prefills nothing of a lower class beside it.

@@ -89,6 +89,10 @@ def tokenize_with_images(runtime, text: str, images: list[ImagePart], first_toke
     decides on BOS); the rest is tokenized without special tokens added."""
     vision = runtime.engine.info.vision
     pieces = _MARKER.split(text)
+    before, after = vision.text_around  # text the processor writes around the image tokens (Gemma 3)
+    if before or after:  # tokenized with the text beside it, as the processor's expanded prompt is
+        for k in range(0, len(pieces), 2):
+            pieces[k] = (after if k else "") + pieces[k] + (before if k + 1 < len(pieces) else "")
     tokens = first_tokens(pieces[0])
     spans: list[MediaSpan] = []
     seen: set[int] = set()

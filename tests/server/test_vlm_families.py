@@ -1,0 +1,272 @@
+"""Gemma 3, Qwen2.5-VL and Qwen3-VL on llama.cpp, through the ``openai`` client against a real
+server serving the tiny fixtures (tools/fixtures/tiny_gemma3_vlm.py, tiny_qwen_vl.py; their
+mmproj found beside the GGUF; the chat template the GGUF carries, SmolLM2's):
+
+- greedy replies for a red and a blue image, wide and tall, equal transformers' processor and
+  ``generate`` on the fixture's own weights (tests/vlm_families_reference.py), prompt length
+  included, and red differs from blue;
+- two lanes with images in one tick give what each gives alone (Gemma 3: both images in one
+  non-causal step; Qwen: both lanes' M-RoPE positions in one embedding batch);
+- Qwen (M-RoPE: a lane's next position is not its token count): the same tokens through a
+  prefix-cache hit, through the host tier (the prefix parked in host memory and restored), and
+  after the worker is SIGKILLed mid-stream (positions recomputed from the request's images).
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import functools
+import io
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from tests import vlm_families_reference as ref
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("transformers")
+
+MODEL = "vlm"
+RED, BLUE, GREEN = (255, 0, 0), (0, 0, 255), (0, 160, 0)
+QUESTION = "What colour is this?"
+N_NEW = 10
+# (wide, tall), (width, height): Qwen's sides are whole merged patches (28, 32 pixels), so the
+# smart resize keeps them; Gemma 3 stretches any image to its 64-pixel tile
+SIZES = {"gemma3": ((128, 64), (64, 128)), "qwen2.5-vl": ((168, 84), (84, 168)),
+         "qwen3-vl": ((192, 96), (96, 192))}
+
+
+def png(rgb, size) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, rgb).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def messages(rgb, size, text: str = QUESTION) -> list[dict]:
+    url = "data:image/png;base64," + base64.b64encode(png(rgb, size)).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}]
+
+
+# The tiny random models' logits are flat: transformers' top two are often within 3e-4 of each
+# other, where llama.cpp's f16 KV and its kernels move a logit by about 1e-4, so a greedy
+# continuation may part from transformers' at a near tie and then follow another, equally right,
+# path. So each of the server's tokens is checked against transformers given the same tokens
+# before it (one forward pass over the prompt and the reply): its logit must be transformers'
+# largest, within TIE.
+TIE = 2e-3
+
+
+def rendered_around(family: str, text: str = QUESTION) -> tuple[str, str]:
+    """The GGUF's chat template (the fixture tokenizer's, SmolLM2's) rendered for one user turn,
+    split where the image part goes (before the text)."""
+    tok = ref.processor(family).tokenizer
+    mark = "\x00IMAGE\x00"
+    rendered = tok.apply_chat_template([{"role": "user", "content": mark + text}], tokenize=False,
+                                       add_generation_prompt=True)
+    before, after = rendered.split(mark)
+    return before, after
+
+
+@functools.cache
+def byte_ids(family: str) -> dict[bytes, int]:
+    """Each vocabulary token's bytes to its id (a reply's logprobs name tokens by their bytes)."""
+    # byte-level BPE writes byte b as itself where it is printable, else as chr(256 + k) for the
+    # k-th byte that is not
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    decoder = {chr(b): b for b in printable} | {chr(256 + k): b for k, b in enumerate(others)}
+    tok = ref.processor(family).tokenizer
+    out: dict[bytes, int] = {}
+    for i in range(len(tok)):
+        piece = tok.convert_ids_to_tokens(i)
+        if piece and all(c in decoder for c in piece):
+            out.setdefault(bytes(decoder[c] for c in piece), i)
+    return out
+
+
+def reply_ids(family: str, reply) -> list[int]:
+    table = byte_ids(family)
+    return [table[bytes(t.bytes)] for t in reply.choices[0].logprobs.content]
+
+
+def transformers_gaps(family: str, rgb, size, ids: list[int], text: str = QUESTION) -> tuple[int, list[float]]:
+    """(the prompt's length in transformers' processor; for each of ``ids``, how far its logit
+    falls below transformers' largest given the prompt and the ids before it, end-of-sequence
+    left out as the request's logit bias leaves it out)."""
+    import torch
+    from PIL import Image
+
+    proc, m = ref.processor(family), ref.model(family)
+    before, after = rendered_around(family, text)
+    inputs = proc(text=ref.image_prompt(family, before, after), images=[Image.new("RGB", size, rgb)],
+                  return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    more = torch.tensor([ids[:-1]], dtype=torch.long)
+    for key in list(inputs):  # the reply's tokens after the prompt: text, attended to
+        if inputs[key].shape[:2] == (1, n):
+            fill = more if key == "input_ids" else torch.full_like(more, 1 if key == "attention_mask" else 0)
+            inputs[key] = torch.cat([inputs[key], fill], 1)
+    with torch.no_grad():
+        logits = m(**inputs).logits[0, n - 1:].float()
+    logits[:, list(eos_ids(family))] = -torch.inf
+    return n, [float(row.max() - row[t]) for row, t in zip(logits, ids)]
+
+
+def eos_ids(family: str) -> tuple[int, ...]:
+    eos = ref.model(family).generation_config.eos_token_id
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+
+
+def ask(client, family: str, rgb, size, text: str = QUESTION, n_new: int = N_NEW, **extra):
+    """A greedy chat completion of ``n_new`` tokens, end-of-sequence kept from winning as the
+    reference's ``min_new_tokens`` does."""
+    return client.chat.completions.create(model=MODEL, messages=messages(rgb, size, text), max_tokens=n_new,
+                                          temperature=0, logit_bias={str(t): -100 for t in eos_ids(family)},
+                                          logprobs=True, **extra)
+
+
+def _client(srv):
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="x", timeout=300, max_retries=0)
+
+
+@pytest.fixture(scope="module", params=ref.FAMILIES)
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def srv(start_server, family):
+    return start_server("--model-name", MODEL, "--max-batch", "4", model=str(ref.fixture(family)["gguf"]))
+
+
+def test_red_and_blue_wide_and_tall_equal_transformers(srv, family):
+    """Every greedy token is transformers' choice given the same prompt (its processor's, length
+    included) and the same tokens before it; red and blue reply differently."""
+    client = _client(srv)
+    for size in SIZES[family]:
+        got = {}
+        for rgb in (RED, BLUE):
+            reply = ask(client, family, rgb, size)
+            ids = reply_ids(family, reply)
+            assert len(ids) == N_NEW
+            n_prompt, gaps = transformers_gaps(family, rgb, size, ids)
+            assert reply.usage.prompt_tokens == n_prompt, (size, rgb)
+            assert max(gaps) <= TIE, (size, rgb, gaps)
+            got[rgb] = ids
+        assert got[RED] != got[BLUE], size
+
+
+def test_two_lanes_with_images_in_one_tick_equal_each_alone(srv, family):
+    client = _client(srv)
+    wide, tall = SIZES[family]
+    asks = [(RED, wide), (BLUE, tall), (GREEN, wide)]
+    alone = [ask(client, family, rgb, size, "Describe it.").choices[0].message.content for rgb, size in asks]
+    with cf.ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda a: ask(client, family, *a, "Describe it.").choices[0].message.content, asks))
+    assert together == alone
+
+
+QWEN = [f for f in ref.FAMILIES if f != "gemma3"]
+LONG_TEXT = "Tell me more about the colour of this picture, " * 6  # past the host tier's 64 tokens
+
+
+def _ids_and_cached(reply) -> tuple[list[int], int]:
+    return [bytes(t.bytes) for t in reply.choices[0].logprobs.content], \
+        reply.usage.prompt_tokens_details.cached_tokens or 0
+
+
+@pytest.mark.parametrize("qwen", QWEN)
+def test_qwen_through_a_prefix_cache_hit(start_server, qwen):
+    """The KV past an image is reused (its rows placed by M-RoPE, the text after it at the
+    image's start plus max(nx, ny)): the same prompt again, and the same image with other text
+    after it, give what a prompt computed whole gives."""
+    srv = start_server("--model-name", MODEL, "--max-batch", "2", model=str(ref.fixture(qwen)["gguf"]))
+    client = _client(srv)
+    size = SIZES[qwen][0]
+    first = ask(client, qwen, GREEN, size, LONG_TEXT)
+    again = ask(client, qwen, GREEN, size, LONG_TEXT)
+    ids, cached = _ids_and_cached(again)
+    assert cached >= again.usage.prompt_tokens - 1  # everything but the last token, image rows included
+    assert ids == _ids_and_cached(first)[0]
+    other = "Tell me more about the colour of this picture, " * 5 + "and its shape."
+    reused = ask(client, qwen, GREEN, size, other)
+    whole = ask(client, qwen, GREEN, size, other, extra_body={"cache_prompt": False})
+    assert _ids_and_cached(reused)[1] > 40 and _ids_and_cached(whole)[1] == 0  # past the image's rows
+    assert _ids_and_cached(reused)[0] == _ids_and_cached(whole)[0]
+    assert max(transformers_gaps(qwen, GREEN, size, reply_ids(qwen, reused), other)[1]) <= TIE
+
+
+@pytest.mark.parametrize("qwen", QWEN)
+def test_qwen_an_image_prefix_parked_in_the_host_tier_comes_back(start_server, qwen):
+    """One lane: a text request takes the slot the image conversation's KV was cached in, which
+    parks that prefix in host memory; the image conversation then comes back from there (its
+    cells' M-RoPE rows and columns restored with it) and gives the same tokens, its image not
+    encoded again."""
+    srv = start_server("--model-name", MODEL, "--max-batch", "1", "--prefill-budget", "64",
+                       model=str(ref.fixture(qwen)["gguf"]))
+    client = _client(srv)
+    size = SIZES[qwen][1]
+    first = ask(client, qwen, (200, 100, 0), size, LONG_TEXT)
+    client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+        {"role": "system", "content": "Be terse."}, {"role": "user", "content": "Something else entirely, please."}])
+    assert srv.settled_metric("superfluid_host_cache_entries") >= 1  # the image prefix moved there
+    encoded = srv.settled_metric("superfluid_images_encoded_total")
+    again = ask(client, qwen, (200, 100, 0), size, LONG_TEXT)
+    ids, cached = _ids_and_cached(again)
+    assert cached >= again.usage.prompt_tokens - 1
+    assert ids == _ids_and_cached(first)[0]
+    assert srv.settled_metric("superfluid_images_encoded_total") == encoded
+
+
+KILLED_LONG = 40
+
+
+@pytest.mark.parametrize("qwen", QWEN)
+def test_qwen_a_killed_worker_loses_no_image_lane(start_server, qwen):
+    """SIGKILL the llama.cpp worker while three image lanes stream: the new worker places every
+    lane's tokens again from the request's images (nothing of the positions lived only in the
+    dead worker) and every reply is the one an undisturbed run gives."""
+    srv = start_server("--model-name", MODEL, "--max-batch", "4", model=str(ref.fixture(qwen)["gguf"]))
+    wide, tall = SIZES[qwen]
+    asks = [(RED, wide), (BLUE, tall), (GREEN, wide)]
+
+    def run(case, seen=None):
+        rgb, size = case
+        body = {"model": MODEL, "messages": messages(rgb, size, "Describe it."), "max_tokens": KILLED_LONG,
+                "temperature": 0, "ignore_eos": True, "stream": True, "cache_prompt": False}
+        req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        text = []
+        with urllib.request.urlopen(req, timeout=300) as r:
+            for line in r:
+                if line.startswith(b"data: {"):
+                    chunk = json.loads(line[6:])
+                    assert "error" not in chunk, chunk
+                    if chunk["choices"]:
+                        text.append(chunk["choices"][0]["delta"].get("content") or "")
+                        if seen is not None:
+                            seen[rgb] = seen.get(rgb, 0) + 1
+        return "".join(text)
+
+    with cf.ThreadPoolExecutor(len(asks)) as pool:
+        undisturbed = list(pool.map(run, asks))
+    pid = srv.get_json("/health")["models"][MODEL]["worker_pid"]
+    seen: dict = {}
+    with cf.ThreadPoolExecutor(len(asks)) as pool:
+        futures = [pool.submit(run, case, seen) for case in asks]
+        deadline = time.monotonic() + 60
+        while len(seen) < len(asks) and time.monotonic() < deadline:  # every stream under way
+            time.sleep(0.002)
+        os.kill(pid, signal.SIGKILL)
+        at_kill = dict(seen)
+        texts = [f.result(timeout=300) for f in futures]
+    assert texts == undisturbed
+    assert len(at_kill) == len(asks) and max(at_kill.values()) < KILLED_LONG  # killed mid-stream
+    assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
