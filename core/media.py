@@ -131,7 +131,7 @@ def whole_chunk(spans: Sequence[MediaSpan], start: int, n: int) -> int:
     span so every image goes whole (an image step needs all of it; a cut inside it is no cut)."""
     end = start + n
     for span in spans:
-        if span.start < end < span.end and span.start >= start:
+        if span.start < end < span.end:
             return span.end - start
     return n
 
