@@ -76,8 +76,9 @@ class LlamaCppEngine(WorkerEngine):
             raise ConfigError(f"model {model.name!r}: {exc}") from None
         self.info = attrs.evolve(self.info, vision=layout)
         self.capabilities = attrs.evolve(self.capabilities, vision=True)
-        log.info("model %s: takes images through %s (%s: %d rows an image, %d px tiles)", model.name, mmproj,
-                 layout.family, layout.rows, layout.tile)
+        log.info("model %s: takes images through %s (%s: %s)", model.name, mmproj, layout.family,
+                 f"{layout.rows} rows an image, {layout.tile} px tiles" if layout.smart_resize is None else
+                 f"one row a {layout.tile} px merged patch, M-RoPE positions")
         return mmproj
 
     def start(self, progress: Callable[[str], None] | None = None) -> None:
