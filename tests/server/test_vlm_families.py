@@ -270,3 +270,19 @@ def test_qwen_a_killed_worker_loses_no_image_lane(start_server, qwen):
     assert texts == undisturbed
     assert len(at_kill) == len(asks) and max(at_kill.values()) < KILLED_LONG  # killed mid-stream
     assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
+
+
+def test_a_prompt_only_counted_counts_its_image_rows_exactly(srv, family):
+    """Messages' count_tokens prepares a prompt without loading its image: its rows follow from
+    the size in the PNG's header (Qwen: the smart-resized grid; Gemma 3: the tile's), as the chat
+    that loads it counts them."""
+    client = _client(srv)
+    for size in (*SIZES[family], (300, 200)):
+        status, counted = srv.call("POST", "/v1/messages/count_tokens", {
+            "model": MODEL, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(png(RED, size)).decode()}},
+                {"type": "text", "text": QUESTION}]}]})
+        assert status == 200, counted
+        chat = client.chat.completions.create(model=MODEL, max_tokens=1, messages=messages(RED, size))
+        assert counted["input_tokens"] == chat.usage.prompt_tokens, size
