@@ -7,9 +7,12 @@ mmproj found beside the GGUF; the chat template the GGUF carries, SmolLM2's):
   included, and red differs from blue;
 - two lanes with images in one tick give what each gives alone (Gemma 3: both images in one
   non-causal step; Qwen: both lanes' M-RoPE positions in one embedding batch);
-- Qwen (M-RoPE: a lane's next position is not its token count): the same tokens through a
-  prefix-cache hit, through the host tier (the prefix parked in host memory and restored), and
-  after the worker is SIGKILLed mid-stream (positions recomputed from the request's images).
+- the same tokens through a prefix-cache hit (the same prompt, and the same image with other
+  text after it) and through the host tier (the prefix parked in host memory and restored):
+  for Qwen (M-RoPE) a lane's next position is not its token count, for Gemma 3 the image's rows
+  saw each other both ways, so a reused prefix must hold images whole;
+- Qwen: after the worker is SIGKILLed mid-stream, every lane's positions are recomputed from the
+  request's images and the replies are an undisturbed run's.
 """
 
 from __future__ import annotations
@@ -182,43 +185,43 @@ def _ids_and_cached(reply) -> tuple[list[int], int]:
         reply.usage.prompt_tokens_details.cached_tokens or 0
 
 
-@pytest.mark.parametrize("qwen", QWEN)
-def test_qwen_through_a_prefix_cache_hit(start_server, qwen):
+@pytest.mark.parametrize("fam", ref.FAMILIES)
+def test_the_same_tokens_through_a_prefix_cache_hit(start_server, fam):
     """The KV past an image is reused (its rows placed by M-RoPE, the text after it at the
     image's start plus max(nx, ny)): the same prompt again, and the same image with other text
     after it, give what a prompt computed whole gives."""
-    srv = start_server("--model-name", MODEL, "--max-batch", "2", model=str(ref.fixture(qwen)["gguf"]))
+    srv = start_server("--model-name", MODEL, "--max-batch", "2", model=str(ref.fixture(fam)["gguf"]))
     client = _client(srv)
-    size = SIZES[qwen][0]
-    first = ask(client, qwen, GREEN, size, LONG_TEXT)
-    again = ask(client, qwen, GREEN, size, LONG_TEXT)
+    size = SIZES[fam][0]
+    first = ask(client, fam, GREEN, size, LONG_TEXT)
+    again = ask(client, fam, GREEN, size, LONG_TEXT)
     ids, cached = _ids_and_cached(again)
     assert cached >= again.usage.prompt_tokens - 1  # everything but the last token, image rows included
     assert ids == _ids_and_cached(first)[0]
     other = "Tell me more about the colour of this picture, " * 5 + "and its shape."
-    reused = ask(client, qwen, GREEN, size, other)
-    whole = ask(client, qwen, GREEN, size, other, extra_body={"cache_prompt": False})
+    reused = ask(client, fam, GREEN, size, other)
+    whole = ask(client, fam, GREEN, size, other, extra_body={"cache_prompt": False})
     assert _ids_and_cached(reused)[1] > 40 and _ids_and_cached(whole)[1] == 0  # past the image's rows
     assert _ids_and_cached(reused)[0] == _ids_and_cached(whole)[0]
-    assert max(transformers_gaps(qwen, GREEN, size, reply_ids(qwen, reused), other)[1]) <= TIE
+    assert max(transformers_gaps(fam, GREEN, size, reply_ids(fam, reused), other)[1]) <= TIE
 
 
-@pytest.mark.parametrize("qwen", QWEN)
-def test_qwen_an_image_prefix_parked_in_the_host_tier_comes_back(start_server, qwen):
+@pytest.mark.parametrize("fam", ref.FAMILIES)
+def test_an_image_prefix_parked_in_the_host_tier_comes_back(start_server, fam):
     """One lane: a text request takes the slot the image conversation's KV was cached in, which
     parks that prefix in host memory; the image conversation then comes back from there (its
     cells' M-RoPE rows and columns restored with it) and gives the same tokens, its image not
     encoded again."""
     srv = start_server("--model-name", MODEL, "--max-batch", "1", "--prefill-budget", "64",
-                       model=str(ref.fixture(qwen)["gguf"]))
+                       model=str(ref.fixture(fam)["gguf"]))
     client = _client(srv)
-    size = SIZES[qwen][1]
-    first = ask(client, qwen, (200, 100, 0), size, LONG_TEXT)
+    size = SIZES[fam][1]
+    first = ask(client, fam, (200, 100, 0), size, LONG_TEXT)
     client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
         {"role": "system", "content": "Be terse."}, {"role": "user", "content": "Something else entirely, please."}])
     assert srv.settled_metric("superfluid_host_cache_entries") >= 1  # the image prefix moved there
     encoded = srv.settled_metric("superfluid_images_encoded_total")
-    again = ask(client, qwen, (200, 100, 0), size, LONG_TEXT)
+    again = ask(client, fam, (200, 100, 0), size, LONG_TEXT)
     ids, cached = _ids_and_cached(again)
     assert cached >= again.usage.prompt_tokens - 1
     assert ids == _ids_and_cached(first)[0]
