@@ -11,7 +11,7 @@ mmproj found beside the GGUF; the chat template the GGUF carries, SmolLM2's):
   text after it) and through the host tier (the prefix parked in host memory and restored):
   for Qwen (M-RoPE) a lane's next position is not its token count, for Gemma 3 the image's rows
   saw each other both ways, so a reused prefix must hold images whole;
-- Qwen: after the worker is SIGKILLed mid-stream, every lane's positions are recomputed from the
+- after the worker is SIGKILLed mid-stream, every lane's positions are recomputed from the
   request's images and the replies are an undisturbed run's.
 """
 
@@ -176,7 +176,6 @@ def test_two_lanes_with_images_in_one_tick_equal_each_alone(srv, family):
     assert together == alone
 
 
-QWEN = [f for f in ref.FAMILIES if f != "gemma3"]
 LONG_TEXT = "Tell me more about the colour of this picture, " * 6  # past the host tier's 64 tokens
 
 
@@ -231,13 +230,14 @@ def test_an_image_prefix_parked_in_the_host_tier_comes_back(start_server, fam):
 KILLED_LONG = 40
 
 
-@pytest.mark.parametrize("qwen", QWEN)
-def test_qwen_a_killed_worker_loses_no_image_lane(start_server, qwen):
-    """SIGKILL the llama.cpp worker while three image lanes stream: the new worker places every
-    lane's tokens again from the request's images (nothing of the positions lived only in the
-    dead worker) and every reply is the one an undisturbed run gives."""
-    srv = start_server("--model-name", MODEL, "--max-batch", "4", model=str(ref.fixture(qwen)["gguf"]))
-    wide, tall = SIZES[qwen]
+@pytest.mark.parametrize("fam", ref.FAMILIES)
+def test_a_killed_worker_loses_no_image_lane(start_server, fam):
+    """SIGKILL the llama.cpp worker while three image lanes stream: the new worker encodes the
+    images again and places every lane's tokens from the request's images (nothing of the
+    positions lived only in the dead worker), and every reply is the one an undisturbed run
+    gives."""
+    srv = start_server("--model-name", MODEL, "--max-batch", "4", model=str(ref.fixture(fam)["gguf"]))
+    wide, tall = SIZES[fam]
     asks = [(RED, wide), (BLUE, tall), (GREEN, wide)]
 
     def run(case, seen=None):
