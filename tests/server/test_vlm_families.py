@@ -184,12 +184,15 @@ def _ids_and_cached(reply) -> tuple[list[int], int]:
         reply.usage.prompt_tokens_details.cached_tokens or 0
 
 
+@pytest.mark.parametrize("pool", ["per-sequence", "unified"])
 @pytest.mark.parametrize("fam", ref.FAMILIES)
-def test_the_same_tokens_through_a_prefix_cache_hit(start_server, fam):
+def test_the_same_tokens_through_a_prefix_cache_hit(start_server, fam, pool):
     """The KV past an image is reused (its rows placed by M-RoPE, the text after it at the
     image's start plus max(nx, ny)): the same prompt again, and the same image with other text
-    after it, give what a prompt computed whole gives."""
-    srv = start_server("--model-name", MODEL, "--max-batch", "2", model=str(ref.fixture(fam)["gguf"]))
+    after it (its shared part copied into another slot: in a unified pool, cells up to the
+    prefix's last position), give what a prompt computed whole gives."""
+    unified = ["--kv-unified"] if pool == "unified" else []
+    srv = start_server("--model-name", MODEL, "--max-batch", "2", *unified, model=str(ref.fixture(fam)["gguf"]))
     client = _client(srv)
     size = SIZES[fam][0]
     first = ask(client, fam, GREEN, size, LONG_TEXT)
