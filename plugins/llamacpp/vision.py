@@ -21,6 +21,8 @@ Others are refused when the model loads, naming the projector."""
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 from typing import Callable
 
 import numpy as np
@@ -72,7 +74,7 @@ def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | No
                                   f"one micro-batch of {n_ubatch}: set n_ubatch >= {layout.rows}")
             return layout
         if family in QWEN_FAMILIES:
-            return qwen_vl_layout(reader, family, token_id)
+            return qwen_vl_layout(reader, family, token_id, processor_settings(mmproj))
         tile = int(_field(reader, "clip.vision.image_size"))
         tiling = from_mmproj({"clip.vision.preproc_image_size": _field(reader, "clip.vision.preproc_image_size")}, tile)
         return idefics3_layout(tile, int(_field(reader, "clip.vision.patch_size")),
@@ -101,12 +103,31 @@ def gemma3_layout(reader, token_id: Callable[[str], int | None]) -> VisionInfo:
                       text_around=("\n\n", "\n\n"))
 
 
-def qwen_vl_layout(reader, family: str, token_id: Callable[[str], int | None]) -> VisionInfo:
-    """Qwen-VL: the image resized by the processor's smart-resize rule (the mmproj's patch and
-    merge sizes, the processor's default pixel limits) to a grid of merged patches, one row
-    each, between ``<|vision_start|>`` and ``<|vision_end|>``."""
+def processor_settings(mmproj: str) -> dict:
+    """The image processor's settings from a ``preprocessor_config.json`` (or transformers 5's
+    ``processor_config.json``) beside the mmproj, the model's own pixel limits; {} without one."""
+    folder = os.path.dirname(os.path.abspath(mmproj))
+    for name, key in (("preprocessor_config.json", None), ("processor_config.json", "image_processor")):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+            cfg = cfg.get(key) or {} if key else cfg
+            if cfg:
+                return cfg
+    return {}
+
+
+def qwen_vl_layout(reader, family: str, token_id: Callable[[str], int | None], settings: dict | None = None
+                   ) -> VisionInfo:
+    """Qwen-VL: the image resized by the processor's smart-resize rule to a grid of merged
+    patches, one row each, between ``<|vision_start|>`` and ``<|vision_end|>``: the mmproj's patch
+    and merge sizes, the pixel limits of the processor's settings (``preprocessor_config.json``
+    beside the mmproj) or, without them, transformers' defaults (3,136 to 1,003,520 pixels)."""
+    limits = SmartResize.from_preprocessor(settings or {})
     rule = SmartResize(patch=int(_field(reader, "clip.vision.patch_size")),
-                       merge=int(_field(reader, "clip.vision.spatial_merge_size") or 2))
+                       merge=int(_field(reader, "clip.vision.spatial_merge_size") or 2),
+                       min_pixels=limits.min_pixels, max_pixels=limits.max_pixels)
     start, end = _ids(token_id, family, "<|vision_start|>", "<|vision_end|>")
     return VisionInfo(tile=rule.factor, rows=0, before=(start,), after=(end,), family=family, smart_resize=rule)
 

@@ -93,3 +93,21 @@ def test_prefixes_snap_to_whole_images_and_chunks_run_to_an_images_end():
     assert grids(spans) == ((10, 6, 3),)
     with pytest.raises(ValueError, match="6x2 grid is not 18 rows"):
         _span(0, 18, (6, 2))
+
+
+def test_qwen_pixel_limits_come_from_the_processor_settings_beside_the_mmproj(tmp_path):
+    """Without settings, transformers' defaults (up to 1,003,520 pixels); a
+    ``preprocessor_config.json`` beside the mmproj (the released models' own limits) wins, and
+    transformers 5's ``processor_config.json`` is read too."""
+    import json
+
+    paths = ref.fixture("qwen2.5-vl")
+    token_id = _token_id("qwen2.5-vl")
+    assert vision.vision_info("m", str(paths["mmproj"]), token_id).fit(4000, 3000) == (1148, 840)
+    (tmp_path / "mmproj.gguf").symlink_to(paths["mmproj"])
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 12845056}))
+    assert vision.vision_info("m", str(tmp_path / "mmproj.gguf"), token_id).fit(4000, 3000) == (4004, 2996)
+    (tmp_path / "preprocessor_config.json").unlink()
+    (tmp_path / "processor_config.json").write_text(json.dumps(
+        {"image_processor": {"size": {"shortest_edge": 3136, "longest_edge": 200704}}}))
+    assert vision.vision_info("m", str(tmp_path / "mmproj.gguf"), token_id).fit(4000, 3000) == (504, 364)
