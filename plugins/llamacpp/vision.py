@@ -16,7 +16,8 @@ Served projectors: SmolVLM / Idefics3 (tiles, rows decoded like tokens); Gemma 3
 squeezed to its tile, rows decoded with non-causal attention, one whole image a step:
 :mod:`.noncausal`); Qwen2-VL, Qwen2.5-VL and Qwen3-VL (the image resized by the processor's
 smart-resize rule to a grid of merged patches, rows placed by M-RoPE positions: :mod:`.mrope`).
-Others are refused when the model loads, naming the projector."""
+Others are refused when the model loads, naming the projector; LLaVA-NeXT (``mlp`` with
+``image_grid_pinpoints``) with the reason: libmtmd's layout of its images is not transformers'."""
 
 from __future__ import annotations
 
@@ -61,6 +62,12 @@ def vision_info(model_name: str, mmproj: str, token_id: Callable[[str], int | No
     projector = _field(reader, "clip.projector_type")
     if not _field(reader, "clip.has_vision_encoder") or projector is None:
         raise ConfigError(f"model {model_name!r}: {mmproj} is not a vision mmproj (no clip vision encoder)")
+    if projector in ("mlp", "mlp_norm") and _field(reader, "clip.vision.image_grid_pinpoints") is not None:
+        raise ConfigError(f"model {model_name!r}: mmproj projector {projector!r} with image_grid_pinpoints "
+                          "(LLaVA-NeXT's anyres) is not served on llama.cpp: libmtmd gives an image the "
+                          "overview's and every tile's full patch grid, without LLaVA-NeXT's unpadding and "
+                          "image_newline rows, and does not tile an image within one tile, so its rows are not "
+                          "the ones transformers' processor writes (core/anyres.py)")
     if projector not in SERVED_PROJECTORS:
         raise ConfigError(f"model {model_name!r}: mmproj projector {projector!r} is not served yet "
                           f"(served: {', '.join(SERVED_PROJECTORS)}: SmolVLM / Idefics3, Gemma 3, "
