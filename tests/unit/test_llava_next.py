@@ -103,7 +103,8 @@ def _mtmd_rows(mmproj: str, model_path: str, images) -> list[int]:
             chunks = mtmd.mtmd_input_chunks_init()
             try:
                 text = mtmd.mtmd_input_text(text=marker, text_len=len(marker), add_special=False, parse_special=True)
-                assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+                bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+                assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
                 pictures = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))]
                 counts.append(sum(mtmd.mtmd_input_chunk_get_n_tokens(c) for c in pictures
                                   if mtmd.mtmd_input_chunk_get_type(c) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE))
