@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import attrs
 import numpy as np
 
+from .anyres import AnyRes
 from .image_tiles import Tiling
 from .smart_resize import SmartResize
 
@@ -196,11 +197,17 @@ class VisionInfo:
     # Qwen-VL: the image is resized to the processor's smart size and fills one span of
     # nx × ny rows on a 2-D grid (M-RoPE positions); ``tile`` and ``rows`` are then unused
     smart_resize: SmartResize | None = None
+    # LLaVA-NeXT: the image reaches the engine as sent (its tiles, base image and unpadded grid
+    # all follow from its own size) and fills one span of ``anyres.image_rows`` rows: the
+    # processor writes nothing between the base image's rows and the grid's
+    anyres: AnyRes | None = None
 
     def fit(self, width: int, height: int) -> tuple[int, int]:
         """The size the front end resizes a ``width × height`` image to."""
         if self.smart_resize is not None:
             return self.smart_resize.size(width, height)
+        if self.anyres is not None:
+            return width, height
         return self.tiling.resized(width, height) if self.tiling is not None else (self.tile, self.tile)
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
@@ -215,6 +222,8 @@ class VisionInfo:
         if self.smart_resize is not None:
             nx, ny = self.smart_resize.grid(width, height)
             return nx * ny
+        if self.anyres is not None:
+            return self.anyres.image_rows(width, height)
         r, c = self.grid(width, height)
         return (r * c + 1) * self.rows
 
@@ -228,6 +237,9 @@ class VisionInfo:
         if self.smart_resize is not None:  # one span on the merged patch grid
             nx, ny = self.smart_resize.grid(width, height)
             span = MediaSpan(image=image, start=start + len(self.before), rows=nx * ny, grid=(nx, ny))
+            return [*self.before, *[hole] * span.rows, *self.after], (span,)
+        if self.anyres is not None:  # one span: base image, then the grid's rows with their newlines
+            span = MediaSpan(image=image, start=start + len(self.before), rows=self.anyres.image_rows(width, height))
             return [*self.before, *[hole] * span.rows, *self.after], (span,)
         n_rows, n_cols = self.grid(width, height)
         tokens: list[int] = []

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 #: HF ``model_type`` of a vision-language model -> its family's name
 HF_FAMILIES = {"idefics3": "SmolVLM / Idefics3", "smolvlm": "SmolVLM", "gemma3": "Gemma 3",
-               "qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+               "qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL",
+               "llava_next": "LLaVA-NeXT"}
 #: llama.cpp's mmproj ``clip.projector_type`` -> the family
 PROJECTOR_FAMILIES = {"idefics3": "SmolVLM / Idefics3", "gemma3": "Gemma 3", "qwen2vl_merger": "Qwen2-VL",
                       "qwen2.5vl_merger": "Qwen2.5-VL", "qwen3vl_merger": "Qwen3-VL"}

@@ -28,7 +28,10 @@ HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_
 # stands where a text-only checkpoint says ``model.`` (its head stays ``lm_head.weight``). Its
 # config nests the language half's under ``text_config``; the vision half is :mod:`.vision`'s.
 HF_VLM_TEXT_PREFIX = {"idefics3": "model.text_model.", "gemma3": "language_model.model.",
-                      "qwen2_5_vl": "model.", "qwen3_vl": "model.language_model."}
+                      "qwen2_5_vl": "model.", "qwen3_vl": "model.language_model.",
+                      "llava_next": "language_model.model."}
+# ... and where its head is, where not ``lm_head.`` (llava-hf's LLaVA-NeXT checkpoints)
+HF_VLM_HEAD_PREFIX = {"llava_next": "language_model.lm_head."}
 
 
 def hf_text_config(config: dict[str, Any], name: str = "config.json") -> tuple[dict[str, Any], str]:

@@ -23,6 +23,7 @@ and gives their rows in that order: every tile's, then the global image's, which
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import numpy as np
@@ -34,8 +35,10 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import normalise
 from superfluid.core.media import Image
 
+from . import llava_next
+from . import vision_files as files
 from .vision_files import (HF_TYPES, PROJECTORS, VisionShape, expected_shapes, hf_config, not_served,  # noqa: F401
-                           read, read_shape, source)
+                           source)
 
 # ---- the module -----------------------------------------------------------------------------------
 
@@ -122,7 +125,7 @@ def build(vs: VisionShape, tensors: dict[str, torch.Tensor], device: torch.devic
     return tower.eval()
 
 
-def encoder(tower: VisionTower) -> Callable[[Image], np.ndarray]:
+def tile_encoder(tower: VisionTower) -> Callable[[Image], np.ndarray]:
     """An image (resized as the front end resizes it) -> its ``tiles × rows`` by ``out_size``
     float32 embedding rows, tiles then global image: what ``core.media.EncoderCache`` calls,
     once per distinct image."""
@@ -139,14 +142,46 @@ def encoder(tower: VisionTower) -> Callable[[Image], np.ndarray]:
     return encode
 
 
+# ---- either family ----------------------------------------------------------------------------------
+
+def _llava_next(src: str) -> dict | None:
+    """A LLaVA-NeXT directory's config (its vision half is :mod:`.llava_next`'s); else None."""
+    if os.path.isdir(src):
+        config = hf_config(src)
+        if config.get("model_type") == llava_next.HF_TYPE:
+            return config
+    return None
+
+
+def read_shape(src: str, *, name: str) -> VisionShape | llava_next.LlavaNextShape:
+    """The vision half's shape (no tensor read): SmolVLM's from either file, LLaVA-NeXT's."""
+    config = _llava_next(src)
+    return llava_next.read_shape(src, config, name) if config is not None else files.read_shape(src, name=name)
+
+
+def read(src: str, *, name: str):
+    """(shape, checked float32 CPU tensors by internal name) of the vision half in ``src``."""
+    config = _llava_next(src)
+    return llava_next.read(src, config, name) if config is not None else files.read(src, name=name)
+
+
 def load(src: str, *, name: str, device: torch.device | str, dtype: torch.dtype,
-         out_size: int | None = None) -> VisionTower:
+         out_size: int | None = None) -> VisionTower | llava_next.LlavaNextTower:
     """The tower from ``src`` on ``device``; ``out_size``: the language model's width, which the
     connector must give (a mismatched mmproj is a ConfigError, not a crash at the first image)."""
     vs, tensors = read(src, name=name)
     if out_size is not None and vs.out_size != out_size:
         raise ConfigError(f"model {name!r}: the vision half in {src} gives {vs.out_size}-wide rows, the language "
                           f"model takes {out_size}-wide ones (mmproj of another model?)")
+    if isinstance(vs, llava_next.LlavaNextShape):
+        return llava_next.build(vs, tensors, device, dtype)
     return build(vs, tensors, device, dtype)
+
+
+def encoder(tower) -> Callable[[Image], np.ndarray]:
+    """The image encoder of either tower: what ``core.media.EncoderCache`` calls."""
+    if isinstance(tower, llava_next.LlavaNextTower):
+        return llava_next.encoder(tower)
+    return tile_encoder(tower)
 
 

@@ -28,8 +28,9 @@ from superfluid.plugins import vision_families as families
 
 #: mmproj projector types this tower implements (llama.cpp's ``clip.projector_type``)
 PROJECTORS = ("idefics3",)
-#: HF ``model_type`` of the multimodal models whose vision half this tower implements
-HF_TYPES = ("idefics3",)
+#: HF ``model_type`` of the multimodal models whose vision half basert implements (LLaVA-NeXT's
+#: is :mod:`.llava_next`'s, which :mod:`.vision` hands its directories to)
+HF_TYPES = ("idefics3", "llava_next")
 
 
 @attrs.define(frozen=True)

@@ -29,7 +29,8 @@ import torch
 
 from superfluid.core.errors import ConfigError
 
-from .shape import SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, hf_text_config, parse_rope_scaling
+from .shape import (HF_VLM_HEAD_PREFIX, SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, hf_text_config,
+                    parse_rope_scaling)
 
 # Quantization types read (via gguf.quants.dequantize). Others are refused by name.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -119,8 +120,12 @@ def _read_hf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict
     if prefix == "model.":
         source_name = _hf_name
     else:  # a vision-language model's language half: model.text_model.* (the head stays lm_head)
+        head = HF_VLM_HEAD_PREFIX.get(config.get("model_type"), "lm_head.")
+
         def source_name(key: str, shape: ModelShape) -> str:
             hf = _hf_name(key, shape)
+            if hf.startswith("lm_head."):
+                return head + hf[len("lm_head."):]
             return prefix + hf[len("model."):] if hf.startswith("model.") else hf
 
     index_path = os.path.join(path, "model.safetensors.index.json")
@@ -142,7 +147,8 @@ def _read_hf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict
             for key in st.keys():
                 where[key] = full
                 found[key] = tuple(st.get_slice(key).get_shape())
-    tied = "lm_head.weight" not in found  # absent head = tied, whatever the config claims
+    # absent head = tied, whatever the config claims
+    tied = HF_VLM_HEAD_PREFIX.get(config.get("model_type"), "lm_head.") + "weight" not in found
     shape = attrs.evolve(shape, tie_embeddings=tied)
     _check(name, shape, found, source_name)
 
