@@ -8,7 +8,8 @@ they move to the device) and the KV pool is sized from the memory left. Any fail
 was loaded, so no model is half-loaded.
 
 A SmolVLM / Idefics3 takes images: its vision half (:mod:`.vision`) is the mmproj GGUF beside a
-text GGUF (or set with ``mmproj``), or the vision weights in its Hugging Face directory. The
+text GGUF (or set with ``mmproj``), or the vision weights in its Hugging Face directory; a
+LLaVA-NeXT too, from its Hugging Face directory (:mod:`.llava_next`). The
 constructor reads only its shape (to lay an image out in a prompt, ``ModelInfo.vision``); the
 tower loads with the language model in :meth:`BasertEngine.start`. A Gemma 3 or Qwen-VL serves
 its language half alone: images get a 400 naming the family (``images_not_served``)."""

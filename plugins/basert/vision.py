@@ -1,4 +1,7 @@
-"""The vision half of a SmolVLM / Idefics3 in PyTorch: an image tile to its embedding rows.
+"""The vision half of a SmolVLM / Idefics3 in PyTorch: an image tile to its embedding rows; and
+the entry points for either vision family basert serves (LLaVA-NeXT's tower is
+:mod:`.llava_next`'s: :func:`read_shape`, :func:`load` and :func:`encoder` hand its directory
+there).
 
 The tower is SigLIP's ViT as transformers' ``Idefics3VisionTransformer`` runs it: a strided
 convolution cuts the tile into ``patch_size`` patches (one hidden vector each), a learned position

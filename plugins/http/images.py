@@ -19,8 +19,9 @@ Decoding runs in a worker thread, off the event loop. The result is
 :class:`superfluid.core.media.Image`, kept on the part: RGB (transparency composited onto white,
 as transformers' processors do), resized as the model's processor does it first
 (:meth:`superfluid.core.media.VisionInfo.fit`: for SmolVLM, aspect ratio kept and the longest
-edge to the processor's ``size["longest_edge"]``, with its filter; a model without processor
-settings: squeezed to its tile). Cutting it into tiles is the engine's encoder's (the same rules,
+edge to the processor's ``size["longest_edge"]``, with its filter; LLaVA-NeXT: left at its own
+size, since its processor's base image, tiles and unpadding all start from the original pixels;
+a model without processor settings: squeezed to its tile). Cutting it into tiles is the engine's encoder's (the same rules,
 :mod:`superfluid.core.image_tiles`)."""
 
 from __future__ import annotations
