@@ -203,8 +203,13 @@ def expected(vs: LlavaNextShape) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _aliases(key: str) -> tuple[str, ...]:
-    """A checkpoint name as llava-hf writes it, and as transformers 5 may (under ``model.``)."""
-    return (key, "model." + key)
+    """A checkpoint name as transformers 5 saves it, as llava-hf's checkpoints (saved by
+    transformers 4, whose CLIP tower sat in a ``vision_model`` wrapper) write it, and under
+    ``model.``."""
+    names = [key]
+    if key.startswith("vision_tower."):
+        names.append("vision_tower.vision_model." + key[len("vision_tower."):])
+    return (*names, *("model." + n for n in names))
 
 
 def read(path: str, config: dict, name: str) -> tuple[LlavaNextShape, dict[str, torch.Tensor]]:

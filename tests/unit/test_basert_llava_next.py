@@ -124,3 +124,21 @@ def test_a_config_basert_does_not_implement_is_refused_naming_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="several layers"):
         llava_next.read_shape(str(tmp_path), config, "llava")
+
+
+def test_llava_hf_checkpoints_tower_names_are_read_too(tmp_path):
+    """llava-hf's released checkpoints (saved by transformers 4) keep CLIP's tensors under
+    ``vision_tower.vision_model.``: the same weights under those names give the same rows."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    for name in ("config.json", "processor_config.json"):
+        shutil.copy(f"{_hf()}/{name}", tmp_path / name)
+    tensors = load_file(f"{_hf()}/model.safetensors")
+    renamed = {("vision_tower.vision_model." + k[len("vision_tower."):] if k.startswith("vision_tower.") else k): v
+               for k, v in tensors.items()}
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    encode = vision.encoder(vision.load(str(tmp_path), name="llava", device="cpu", dtype=torch.float32))
+    image = _image(TALL, BLUE)
+    np.testing.assert_array_equal(encode(image), _encode()(image))
