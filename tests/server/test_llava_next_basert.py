@@ -4,7 +4,8 @@
 red and a blue image, at a wide and a tall aspect ratio that both need resizing, padding and
 unpadding, equal transformers' (its processor, its model, greedy, no end at end-of-text) and
 differ by colour; two concurrent image requests give what each gives alone; Anthropic's
-count_tokens (images counted from their headers, not loaded) equals the chat's usage."""
+count_tokens (images counted from their headers, not loaded) equals the chat's usage; the same image
+twice is encoded once and its KV reused past it."""
 
 from __future__ import annotations
 
@@ -139,3 +140,10 @@ def test_count_tokens_equals_the_chats_usage(srv, client):
         chat = client.chat.completions.create(model=MODEL, max_tokens=1, temperature=0,
                                               messages=_messages(RED, size))
         assert counted["input_tokens"] == chat.usage.prompt_tokens == reference(RED, size)[1], size
+
+
+def test_the_same_image_twice_is_encoded_once_and_its_kv_reused(srv, client):
+    from . import vision_cases as cases
+
+    got = cases.check_same_image_encodes_once(client, MODEL, srv)
+    assert got["encodes"] == (1, 0) and got["prefilled"][1] <= 1
