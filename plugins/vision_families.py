@@ -23,6 +23,10 @@ GGUF_ARCH_FAMILIES = {"qwen2vl": "Qwen2-VL / Qwen2.5-VL", "qwen3vl": "Qwen3-VL"}
 #: the engine that serves these families' images (llama.cpp's mtmd reads their mmproj), as
 #: people and as ``--engine`` name it
 IMAGES_ELSEWHERE, IMAGES_ELSEWHERE_FLAG = "llama.cpp", "llamacpp"
+#: families whose images llama.cpp does not serve either, and who does (LLaVA-NeXT: libmtmd lays
+#: its images out otherwise than transformers, so llama.cpp refuses it)
+SERVED_BY = {"LLaVA-NeXT": "they are served from the model's Hugging Face directory with --engine basert "
+                           "(llama.cpp refuses them)"}
 
 
 def family(kind: str, table: dict[str, str] = HF_FAMILIES) -> str:
@@ -34,8 +38,9 @@ def images_not_served(engine: str, family_name: str, what: str) -> str:
     """The reason an engine gives for taking no images of a model it serves as text:
     ``basert does not serve Gemma 3 images (projector gemma3); llama.cpp does``. ``what``
     names the file's evidence (``projector gemma3``, ``model_type qwen3_vl``)."""
-    return (f"{engine} does not serve {family_name} images ({what}); {IMAGES_ELSEWHERE} does "
-            f"(--engine {IMAGES_ELSEWHERE_FLAG}, the model's GGUF with its mmproj); text chat is served here")
+    elsewhere = SERVED_BY.get(family_name) or (f"{IMAGES_ELSEWHERE} does (--engine {IMAGES_ELSEWHERE_FLAG}, "
+                                                "the model's GGUF with its mmproj)")
+    return f"{engine} does not serve {family_name} images ({what}); {elsewhere}; text chat is served here"
 
 
 def not_loadable(engine: str, family_name: str, what: str, instead: str) -> str:

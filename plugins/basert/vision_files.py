@@ -125,9 +125,12 @@ def not_served(src: str, *, name: str) -> tuple[str, str] | None:
     if os.path.isdir(src):
         kind = str(hf_config(src).get("model_type") or "")
         return None if kind in HF_TYPES else (families.family(kind), f"model_type {kind}")
-    projector = _fields(_open_mmproj(src, name)).get("clip.projector_type")
+    meta = _fields(_open_mmproj(src, name))
+    projector = meta.get("clip.projector_type")
     if projector is None or projector in PROJECTORS:
         return None
+    if projector == "mlp" and meta.get("clip.vision.image_grid_pinpoints") is not None:  # a LLaVA-NeXT's
+        return families.family("llava_next"), "projector mlp with image_grid_pinpoints"
     return families.family(str(projector), families.PROJECTOR_FAMILIES), f"projector {projector}"
 
 

@@ -142,3 +142,24 @@ def test_llava_hf_checkpoints_tower_names_are_read_too(tmp_path):
     encode = vision.encoder(vision.load(str(tmp_path), name="llava", device="cpu", dtype=torch.float32))
     image = _image(TALL, BLUE)
     np.testing.assert_array_equal(encode(image), _encode()(image))
+
+
+def test_its_mmproj_serves_text_and_the_400_says_basert_serves_the_hf_directory():
+    """The fixture's llama.cpp files (text GGUF, legacy mmproj): basert serves the text and
+    names where the images are served (not llama.cpp, which refuses the family)."""
+    from superfluid.core.cli import load
+    from superfluid.plugins.basert import create_engine
+    from tools.fixtures import tiny_llava_next
+
+    files = tiny_llava_next.build(gguf=True)
+    config, _ = load(["serve", "--model", str(files["gguf"]), "--engine", "basert", "--device", "cpu",
+                      "--threads", "2", "--max-context", "512"])
+    engine = create_engine(model=config.models[0], config=config)
+    try:
+        assert not engine.capabilities.vision
+        assert engine.capabilities.images_not_served == (
+            "basert does not serve LLaVA-NeXT images (projector mlp with image_grid_pinpoints); they are served "
+            "from the model's Hugging Face directory with --engine basert (llama.cpp refuses them); text chat is "
+            "served here")
+    finally:
+        engine.close()
