@@ -51,9 +51,11 @@ class VisionShape:
     tiling: Tiling | None = None  # the processor's resize and split (None: an image is squeezed to a tile)
 
     def __attrs_post_init__(self) -> None:
+        # a tile that is not a whole number of patches keeps the whole ones, as the patch
+        # convolution does (SmolVLM-Instruct's SigLIP: 384 px in 14-px patches, 27 a side)
         side = self.image_size // self.patch_size
-        if side * self.patch_size != self.image_size:
-            raise ValueError(f"image size {self.image_size} is not a whole number of {self.patch_size}-pixel patches")
+        if side == 0:
+            raise ValueError(f"image size {self.image_size} is smaller than one {self.patch_size}-pixel patch")
         if side % self.scale_factor:
             raise ValueError(f"{side} patches a side do not pixel-shuffle by {self.scale_factor}")
         if self.hidden_size % self.n_heads:

@@ -132,3 +132,31 @@ def test_the_hf_directorys_language_half_is_the_text_gguf(vlm):
         with torch.inference_mode():
             logits.append(m.logits(m(tokens, torch.arange(len(tokens)), attn)))
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-4)
+
+
+def test_a_tile_not_a_whole_number_of_patches_keeps_the_whole_ones_as_transformers_does(tmp_path):
+    """SmolVLM-Instruct's SigLIP takes 384-px tiles in 14-px patches (27 a side, 6 px left over);
+    so does the SigLIP-400M-shaped tower of the encoding benchmark. A random Idefics3 with 72-px
+    tiles in 16-px patches (4 a side, 8 px left over) saved by transformers: basert's rows for one
+    tile equal ``get_image_features``."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    text = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    vis = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+               image_size=72, patch_size=16, num_channels=3, layer_norm_eps=1e-6)
+    torch.manual_seed(5)
+    model = Idefics3ForConditionalGeneration(Idefics3Config(text_config=text, vision_config=vis, scale_factor=2,
+                                                            image_token_id=63)).eval()
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    shape = vision.read_shape(str(tmp_path), name="odd")
+    assert (shape.image_size, shape.patch_size, shape.side, shape.rows) == (72, 16, 4, 4)
+    tower = vision.load(str(tmp_path), name="odd", device=CPU, dtype=torch.float32, out_size=32)
+    pixels = torch.rand(1, 3, 72, 72) * 2 - 1
+    with torch.no_grad():
+        want = model.model.get_image_features(pixel_values=pixels[None],
+                                              pixel_attention_mask=torch.ones(1, 1, 72, 72, dtype=torch.bool))
+        want = torch.cat(list(want.pooler_output)).reshape(-1, 32)
+        got = tower(pixels)[0]
+    assert got.shape == want.shape == (4, 32)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
