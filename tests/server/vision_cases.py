@@ -97,3 +97,52 @@ def check_same_image_encodes_once(client, model: str, server, rgb=GREEN) -> dict
     return {"encodes": (after_first - before, after_second - after_first),
             "prefilled": (first.usage.prompt_tokens - (first.usage.prompt_tokens_details.cached_tokens or 0),
                           second.usage.prompt_tokens - cached)}
+
+
+def streamed_text(base: str, body: dict, on_chunk=None) -> str:
+    """The content a streamed chat completion sends (``on_chunk()`` after each content chunk)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    text = []
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                if chunk["choices"]:
+                    text.append(chunk["choices"][0]["delta"].get("content") or "")
+                    if on_chunk is not None:
+                        on_chunk()
+    return "".join(text)
+
+
+def killed_mid_stream(srv, model: str, bodies: list[dict]) -> tuple[list[str], list[str], list[int]]:
+    """(the replies of ``bodies`` streamed side by side, the same while the model's worker is
+    SIGKILLed once every stream is under way, how many chunks each had streamed at the kill)."""
+    import concurrent.futures as cf
+    import os
+    import signal
+    import time
+
+    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+        undisturbed = list(pool.map(lambda b: streamed_text(srv.base, b), bodies))
+    pid = srv.get_json("/health")["models"][model]["worker_pid"]
+    seen = [0] * len(bodies)
+
+    def counted(i):
+        def bump():
+            seen[i] += 1
+        return streamed_text(srv.base, bodies[i], bump)
+
+    with cf.ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(counted, i) for i in range(len(bodies))]
+        deadline = time.monotonic() + 60
+        while not all(seen) and time.monotonic() < deadline:  # every stream under way
+            time.sleep(0.002)
+        os.kill(pid, signal.SIGKILL)
+        at_kill = list(seen)
+        texts = [f.result(timeout=300) for f in futures]
+    return undisturbed, texts, at_kill
