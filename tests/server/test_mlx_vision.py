@@ -87,8 +87,9 @@ def _prompt(hf: str, rgb, before: str = "What colour is this?", after: str = " I
 
 def _generate(run, lanes: dict, n: int = MAX_NEW, grant: int = 3, sampling=GREEDY):
     """Drive ``run`` (a TickPlan to its TickResult) as the scheduler would: each lane's prompt
-    (tokens, spans) prefilled with its first token, then decode grants, ``n`` tokens whatever they
-    are. The tokens per lane and the images encoded over all ticks."""
+    (tokens, spans) prefilled with its first token (what a tick did not feed, e.g. past an image
+    still encoding off the tick, is planned again), then decode grants, ``n`` tokens whatever
+    they are. The tokens per lane and the images encoded over all ticks."""
     out = {s: [] for s in lanes}
     pos = {s: 0 for s in lanes}
     plans = [LanePlan(slot=s, pos=0, feed=list(t), sample=True, max_new=grant, reset=True, sampling=sampling,
@@ -103,7 +104,12 @@ def _generate(run, lanes: dict, n: int = MAX_NEW, grant: int = 3, sampling=GREED
             assert not lr.restore_failed
             out[lp.slot] += lr.tokens
             pos[lp.slot] += lr.n_fed
-            if len(out[lp.slot]) < n:
+            tokens, spans = lanes[lp.slot]
+            if pos[lp.slot] < len(tokens):  # the prompt's rest
+                nxt.append(LanePlan(slot=lp.slot, pos=pos[lp.slot], feed=list(tokens[pos[lp.slot]:]), sample=True,
+                                    max_new=grant, ignore_eos=True,
+                                    media=spans_within(spans, pos[lp.slot], len(tokens))))
+            elif len(out[lp.slot]) < n:
                 nxt.append(LanePlan(slot=lp.slot, pos=pos[lp.slot], feed=[out[lp.slot][-1]], sample=True,
                                     max_new=min(grant, n - len(out[lp.slot])), decode=True, ignore_eos=True))
         plans = nxt
