@@ -129,16 +129,13 @@ def encoder_cache(encode: Callable[[Image], np.ndarray], mode: str | None = None
     return ImageEncoder(encode, background=(mode or DEFAULT_MODE) != "tick")
 
 
-def prefetch(media, lanes: Sequence[LanePlan]) -> None:
+def prefetch(media: ImageEncoder, lanes: Sequence[LanePlan]) -> None:
     """Start encoding the images a tick's lane plans bind (the first tick that plans a lane is
     the first time its work reaches the engine)."""
-    start = getattr(media, "prefetch", None)
-    if start is None:
-        return
     media.collect()
     for lp in lanes:
         for span in lp.media:
-            start(span.image)
+            media.prefetch(span.image)
 
 
 def _held_at(w: Work, media: ImageEncoder) -> tuple[int | None, str | None]:
@@ -160,13 +157,11 @@ def _start(span: MediaSpan) -> int:
     return span.start
 
 
-def runnable(active: list[Work], media) -> list[Work]:
+def runnable(active: list[Work], media: ImageEncoder) -> list[Work]:
     """The lanes that may step now. Each lane with images gets ``held`` (how much of its feed
     comes before an image still encoding, None: all of it); a lane held at 0 waits. A lane whose
     feed reaches an image that failed to encode ends there: its text before it goes first, then
     ``result.error`` is set and its feed dropped (:func:`done_failing`)."""
-    if getattr(media, "ready", None) is None:
-        return active
     out = []
     for w in active:
         if not w.media:
@@ -184,7 +179,7 @@ def runnable(active: list[Work], media) -> list[Work]:
     return out
 
 
-def wait(active: list[Work], media, others_done: bool, started: float, target_s: float, stop_flag: StopFlag) -> bool:
+def wait(active: list[Work], media: ImageEncoder, others_done: bool, started: float, target_s: float, stop_flag: StopFlag) -> bool:
     """Every lane left waits for an image. If other lanes stepped in this tick and are done
     (``others_done``), end it (False) so their tokens go out and the next tick steps them again;
     else wait for an encode until the tick's target (at least :data:`IDLE_WAIT_S`) has passed or

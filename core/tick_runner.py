@@ -15,7 +15,6 @@ import numpy as np
 
 from . import media_encoding
 from .artifact_writer import ArtifactWriter, write_atomically  # noqa: F401 (engines import it from here)
-from .media import EncoderCache
 from .stop_flag import StopFlag
 from .tick import LanePlan, LaneResult, TickPlan, TickResult
 
@@ -172,7 +171,7 @@ class TickRunner(abc.ABC):
 
     #: an engine that takes images sets this to its encoder's cache (see core/media.py): the
     #: tick reports how many images it encoded
-    media: EncoderCache | None = None
+    media: media_encoding.ImageEncoder | None = None
 
     def __init__(self, stop_flag: StopFlag, kv_capacity: int):
         self.stop_flag = stop_flag  # the engine's (a worker engine's is shared with the daemon)
