@@ -242,16 +242,6 @@ def read(path: str, config: dict, name: str) -> tuple[LlavaNextShape, dict[str, 
     return vs, tensors
 
 
-def build(vs: LlavaNextShape, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype) -> LlavaNextTower:
-    """A tower holding ``tensors`` on ``device`` in ``dtype`` (built on the meta device)."""
-    with torch.device("meta"):
-        tower = LlavaNextTower(vs)
-    tower.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, strict=True, assign=True)
-    for p in tower.parameters():
-        p.requires_grad_(False)
-    return tower.eval()
-
-
 def encoder(tower: LlavaNextTower) -> Callable[[Image], np.ndarray]:
     """An image as sent -> its packed ``rule.image_rows(w, h)`` by ``out_size`` float32 rows."""
     vs = tower.shape

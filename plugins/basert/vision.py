@@ -116,12 +116,13 @@ class VisionTower(nn.Module):
         return self.proj(pixel_shuffle(self.features(pixels), self.shape.scale_factor))
 
 
-def build(vs: VisionShape, tensors: dict[str, torch.Tensor], device: torch.device | str,
-          dtype: torch.dtype) -> VisionTower:
-    """A tower holding ``tensors`` (checked, internal names, on the CPU) on ``device`` in
-    ``dtype``, built on the meta device so no random init is allocated."""
+def build(vs, tensors: dict[str, torch.Tensor], device: torch.device | str, dtype: torch.dtype,
+          tower_class: type[nn.Module] = VisionTower) -> nn.Module:
+    """A ``tower_class(vs)`` (SmolVLM's, or LLaVA-NeXT's) holding ``tensors`` (checked, internal
+    names, on the CPU) on ``device`` in ``dtype``, built on the meta device so no random init is
+    allocated."""
     with torch.device("meta"):
-        tower = VisionTower(vs)
+        tower = tower_class(vs)
     tower.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, strict=True, assign=True)
     for p in tower.parameters():
         p.requires_grad_(False)
@@ -177,7 +178,7 @@ def load(src: str, *, name: str, device: torch.device | str, dtype: torch.dtype,
         raise ConfigError(f"model {name!r}: the vision half in {src} gives {vs.out_size}-wide rows, the language "
                           f"model takes {out_size}-wide ones (mmproj of another model?)")
     if isinstance(vs, llava_next.LlavaNextShape):
-        return llava_next.build(vs, tensors, device, dtype)
+        return build(vs, tensors, device, dtype, llava_next.LlavaNextTower)
     return build(vs, tensors, device, dtype)
 
 
