@@ -54,6 +54,11 @@ class EngineCapabilities:
     # in it and moves the rest, oldest first, to host memory. False: each slot's KV has room of
     # its own, and a cached prefix costs no lane anything while it waits.
     shared_pool: bool = False
+    # LoRA adapters (TickPlan.load_adapters, LanePlan.adapters): "none" (not served); "per_tick"
+    # (an adapter set applies to the whole engine step, as llama.cpp applies one to a context, so
+    # the scheduler puts only lanes of one set in a tick); "per_row" (rows of different sets share
+    # one step: basert).
+    adapters: str = "none"
     prefill_step_tokens: int = 512
     tick_target_free_ms: float = 50.0
     tick_target_busy_cap_ms: float = 250.0

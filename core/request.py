@@ -13,6 +13,9 @@ from .qos import DEFAULT_CLASS
 
 _ids = itertools.count(1)
 
+#: A set of LoRA adapters with their scales: (name, scale) pairs sorted by name; () is the base model.
+AdapterSet = tuple[tuple[str, float], ...]
+
 
 def new_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{next(_ids):08d}-{int(time.time() * 1000) % 100000:05d}"
@@ -171,6 +174,10 @@ class Request:
     streamed: bool = False  # the client reads the text as it is committed (not only the whole reply)
     prompt_logprobs: int | None = None
     embed: bool = False
+    # The LoRA adapters applied to this request: (name, scale) pairs sorted by name, as the
+    # model's adapter table names them; () is the base model. A cached prefix serves only a lane
+    # of the same set (KV computed under one adapter is not the KV of another).
+    adapters: AdapterSet = ()
     id: str = attrs.field(factory=new_request_id)
     arrived: float = attrs.field(factory=time.monotonic)
     meta: dict = attrs.field(factory=dict)

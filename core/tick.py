@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .media import MediaSpan
-from .request import SamplingParams
+from .request import AdapterSet, SamplingParams
 
 
 @attrs.define(frozen=True)
@@ -85,6 +85,9 @@ class LanePlan:
     # (M-RoPE: Qwen-VL): past one, a token's model position is not its index, so an engine
     # needs them to place the feed, cut, copy or restore the slot, decode grants included.
     grids: tuple[tuple[int, int, int], ...] = ()
+    # The LoRA adapters this lane runs under (its request's set; () the base model). On an engine
+    # whose ``EngineCapabilities.adapters`` is "per_tick", every lane of one plan has the same set.
+    adapters: AdapterSet = ()
 
 
 @attrs.define
@@ -115,6 +118,11 @@ class TickPlan:
     # Park artifacts are being written off the tick thread: a plan with nothing else to do still
     # goes to the engine, to collect the writes that finished (TickResult.saved).
     collect_saves: bool = False
+    # LoRA adapters to load (name, file path) and to unload (name), applied before anything else in
+    # the plan; an adapter is unloaded only once no lane runs under it. A load that fails is
+    # reported in ``TickResult.adapter_errors`` and leaves the adapter unknown to the engine.
+    load_adapters: list[tuple[str, str]] = attrs.field(factory=list)
+    unload_adapters: list[str] = attrs.field(factory=list)
 
     @property
     def prefill_tokens(self) -> int:
@@ -122,7 +130,7 @@ class TickPlan:
 
     def empty(self) -> bool:
         return not (self.lanes or self.release or self.park or self.load or self.save or self.drop_parked
-                    or self.collect_saves)
+                    or self.collect_saves or self.load_adapters or self.unload_adapters)
 
 
 @attrs.define
@@ -172,3 +180,4 @@ class TickResult:
     # each lane reports what it fed, the rest is left undone, and nothing of the refused step was
     # kept. The scheduler frees room (cached prefixes, then lanes) and plans the rest again.
     rejected_tokens: int = 0
+    adapter_errors: dict[str, str] = attrs.field(factory=dict)  # adapter name -> why its load failed
