@@ -65,6 +65,21 @@ class EngineCapabilities:
 
 
 @attrs.define(frozen=True)
+class RerankFormat:
+    """A reranker's (query, document) pair as its prompt, built the way llama-server builds it:
+    ``template`` with ``{query}`` and ``{document}`` in it (a GGUF's
+    ``tokenizer.chat_template.rerank``: Qwen3-Reranker), else the tokens ``prefix`` query
+    ``middle`` document ``suffix`` (BERT-style: BOS query EOS SEP document EOS, as the
+    vocabulary adds them). ``labels``: the head's outputs per pair (the first is the score)."""
+
+    template: str | None = None
+    prefix: tuple[int, ...] = ()
+    middle: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    labels: int = 1
+
+
+@attrs.define(frozen=True)
 class ModelInfo:
     """Tokenizer-level facts a front end needs: chat template, special tokens, FIM tokens."""
 
@@ -82,6 +97,9 @@ class ModelInfo:
     n_ctx_train: int = 0
     n_embd: int = 0  # the width of an embedding (the model's hidden size)
     vision: VisionInfo | None = None  # how an image enters a prompt (a model that takes images)
+    # A reranker (its engine runs Request.rank lanes through its classification head): how a
+    # pair becomes its prompt. None: not served as a reranker (/v1/rerank refuses it).
+    rerank: RerankFormat | None = None
 
 
 class Engine(abc.ABC):

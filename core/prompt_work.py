@@ -30,6 +30,7 @@ def annotate(plan: TickPlan, lanes: list[Lane]) -> None:
         req = lane.request
         if req.embed:
             lp.embed = True
+            lp.rank = req.rank
         if req.prompt_logprobs is not None and lp.pos < lane.n_prompt:
             lp.targets = lane.tokens[lp.pos + 1:min(lp.pos + len(lp.feed) + 1, lane.n_prompt)]
             lp.score_top = req.prompt_logprobs
@@ -78,9 +79,12 @@ def prompt_scores(lane: Lane) -> tuple:
 
 
 def embedding(lane: Lane) -> tuple[float, ...]:
-    """The lane's mean-pooled, L2-normalised embedding (as OpenAI's and llama-server's are)."""
+    """The lane's mean-pooled, L2-normalised embedding (as OpenAI's and llama-server's are); a
+    reranker's lane (Request.rank): its head's scores as the engine computed them."""
     if lane.embedding_sum is None or not lane.pooled:
         return ()
     mean = lane.embedding_sum / lane.pooled
+    if lane.request.rank:
+        return tuple(float(x) for x in mean)
     norm = float(np.linalg.norm(mean))
     return tuple(float(x) for x in (mean / norm if norm > 0 else mean))

@@ -174,6 +174,11 @@ class Request:
     streamed: bool = False  # the client reads the text as it is committed (not only the whole reply)
     prompt_logprobs: int | None = None
     embed: bool = False
+    # With ``embed``: a reranker's lane. The engine pools the prompt as the model's rank pooling
+    # says and applies its classification head (ModelInfo.rerank); the final event's
+    # ``embedding`` holds the head's outputs as computed (the first is the relevance score), not
+    # normalised.
+    rank: bool = False
     # The LoRA adapters applied to this request: (name, scale) pairs sorted by name, as the
     # model's adapter table names them; () is the base model. A cached prefix serves only a lane
     # of the same set (KV computed under one adapter is not the KV of another).

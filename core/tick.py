@@ -77,6 +77,10 @@ class LanePlan:
     # An embedding lane: the engine adds up the final hidden state of every fed token into
     # ``LaneResult.embedding_sum`` (and ``pooled``: how many), and samples nothing.
     embed: bool = False
+    # With ``embed``: a reranker's lane (Request.rank). The engine pools the rows the model's rank
+    # pooling takes (the last token of a causal model) and returns the classification head's
+    # outputs on them in ``embedding_sum``, with ``pooled`` 1.
+    rank: bool = False
     # The images whose rows the feed holds: a negative feed token is a placeholder
     # (core/media.py), and the engine feeds the embedding row of the span that covers its position
     # there instead of a token embedding. Empty for a feed of tokens only.

@@ -38,7 +38,7 @@ class Work:
     and calls :meth:`sampled`. A lane is done when its feed is empty."""
 
     __slots__ = ("slot", "feed", "sample", "max_new", "ignore_eos", "accept", "result", "pos", "decoding",
-                 "was_decoding", "replay_from", "targets", "score_top", "embed", "ends_prompt",
+                 "was_decoding", "replay_from", "targets", "score_top", "embed", "rank", "ends_prompt",
                  "media", "held")
 
     def __init__(self, lp: LanePlan, accept: bool):
@@ -55,6 +55,7 @@ class Work:
         self.targets = list(lp.targets) if lp.targets is not None else None
         self.score_top = lp.score_top
         self.embed = lp.embed
+        self.rank = lp.rank  # (with embed) a reranker's lane: its head's scores, not hidden states
         self.media = lp.media  # the images whose rows the feed holds (its negative tokens)
         # how many of the feed's tokens may go before an image still encoding (None: all of them;
         # set before each step by media_encoding.runnable, which keeps a lane held at 0 waiting)
