@@ -78,7 +78,7 @@ class BasertEngine(VocabEngine):
         self.device = resolve_device(own.device, model.name)
         self.dtype = resolve_dtype(own.dtype, self.device)
         self.speculate = int(own.speculate or 0)
-        self.kv_bits = int(own.kv_bits or 0)
+        self.kv_bits = int(core.kv_bits or 0)  # a core option: every engine reads it
         self.kv_memory = float(own.kv_memory or 0.5)
         attention, graphs = own.attention, own.cuda_graphs
         self.attention, self.cuda_graphs = resolve_decode(attention, graphs, self.device, self.kv_bits, model.name)

@@ -1,7 +1,8 @@
-"""basert's options, read back typed: ``OPTIONS.of(model).kv_bits``. (``--kv-pool-cells``, the paged
-pool's tokens, is the core's: llama.cpp reads it too.)"""
+"""basert's options, read back typed: ``OPTIONS.of(model).speculate``. (``--kv-pool-cells``, the paged
+pool's tokens, and ``--kv-bits``, the KV width, are the core's: every engine reads them.)"""
 
 from superfluid.core.errors import ConfigError
+from superfluid.core.kv_context_options import parse_kv_bits  # noqa: F401  (re-exported: kv-bits moved to the core)
 from superfluid.core.options import Option, PluginOptions, in_range
 
 MAX_DRAFT = 16
@@ -20,13 +21,6 @@ def parse_speculate(text: str) -> int:
         raise ConfigError(f"expected off, on or a number of drafted tokens 1-{MAX_DRAFT}, got {text!r}") from None
 
 
-def parse_kv_bits(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ConfigError(f"expected 0, 8 or 4, got {text!r}") from None
-
-
 def one_of(*allowed):
     def check(value):
         return None if value in allowed else f"must be one of {', '.join(map(str, allowed))}"
@@ -38,9 +32,6 @@ OPTIONS = PluginOptions("basert", [
            f"the tokens drafted per step (1-{MAX_DRAFT}); drafts are verified in the same forward pass and "
            "turned off under load and at low acceptance", in_range(0, MAX_DRAFT), model_scoped=True,
            metavar="off|on|N", parse=parse_speculate),
-    Option("kv-bits", int, 0, "basert: KV cache width: 0 (the model's dtype), 8 or 4 (quantized with per-block "
-           "scales: 2x / 4x the context in the same memory, at a small quality cost)", one_of(0, 8, 4),
-           model_scoped=True, metavar="0|8|4", parse=parse_kv_bits),
     Option("device", str, "auto", "basert: the torch device (auto: cuda, then mps, then cpu; or cpu, cuda, "
            "cuda:N, mps)", model_scoped=True, metavar="DEVICE"),
     Option("dtype", str, "auto", "basert: weights and KV dtype (auto: bf16 on CUDA, fp32 elsewhere; or bf16, "

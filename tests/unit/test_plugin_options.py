@@ -40,10 +40,10 @@ def test_every_option_has_its_owner():
     owners = {s.owner(name) for name in s.options}
     assert None not in owners, [n for n in s.options if s.owner(n) is None]
     assert owners <= {CORE, *BUILT_INS, "fair_share"}, owners
-    for name in ("max-batch", "kv-pool-cells", "kv-events-block-size", "host", "port"):
+    for name in ("max-batch", "kv-pool-cells", "kv-bits", "kv-events-block-size", "host", "port"):
         assert s.owner(name) == CORE, name  # shared knobs are the core's
     assert (s.owner("class-lanes"), s.owner("fim-model"), s.owner("kv-unified")) == ("qos", "http", "llamacpp")
-    assert (s.owner("kv-events-topic"), s.owner("kv-bits"), s.owner("os-pressure")) == ("kvevents", "basert", "pressure")
+    assert (s.owner("kv-events-topic"), s.owner("speculate"), s.owner("os-pressure")) == ("kvevents", "basert", "pressure")
 
 
 def test_an_option_is_declared_once():
