@@ -20,6 +20,7 @@ class SaveOp:
 
     tokens: list[int]
     path: str
+    adapters: tuple = ()  # the LoRA adapter set its KV is computed under (only its caches are saved)
     saved: list[int] | None = None
     done: threading.Event = attrs.field(factory=threading.Event)
 
@@ -32,7 +33,7 @@ class Artifacts:
         self._saves: list[SaveOp] = []
         self._saving: dict[str, SaveOp] = {}
         self._temp_keys: set[str] = set()  # park keys that exist only for a save in the same tick
-        self._loads: list[tuple[str, list[int]]] = []
+        self._loads: list[tuple[str, list[int], tuple]] = []
         self._staged: list[tuple[str, str]] = []
 
     def has_work(self) -> bool:
@@ -45,23 +46,24 @@ class Artifacts:
     def save(self, op: SaveOp) -> None:
         self._saves.append(op)
 
-    def load(self, path: str, tokens: list[int]) -> None:
-        self._loads.append((path, list(tokens)))
+    def load(self, path: str, tokens: list[int], adapters: tuple = ()) -> None:
+        """Bring an artifact (KV computed under ``adapters``) into the host tier at the next tick."""
+        self._loads.append((path, list(tokens), adapters))
 
     def stage_loads(self, host: HostTier) -> None:
         """Artifacts to load enter the host tier before admission, so the lanes admitted in the
         same plan already restore from them (the engine loads before it seeds lanes)."""
-        for path, tokens in self._loads:
-            self._staged.append((path, host.add(tokens, force=True)))
+        for path, tokens, adapters in self._loads:
+            self._staged.append((path, host.add(tokens, force=True, adapters=adapters)))
         self._loads.clear()
 
     def fill_plan(self, plan: TickPlan, free: list[int], cache: SlotCache, host: HostTier) -> None:
         """A save copies the best cached free slot (or host prefix) for its tokens to a file; a
         load brings a file into the host tier under the key staged for it."""
         for op in self._saves:
-            cached = [s for s in free if cache.tokens(s)]
-            slot, n = cache.best_slot(op.tokens + [-1], cached) if cached else (None, 0)
-            key, host_n = host.best(op.tokens + [-1]) if len(host) else (None, 0)
+            cached = [s for s in free if cache.tokens_for(s, op.adapters)]
+            slot, n = cache.best_slot(op.tokens + [-1], cached, adapters=op.adapters) if cached else (None, 0)
+            key, host_n = host.best(op.tokens + [-1], op.adapters) if len(host) else (None, 0)
             if key is not None and host_n > n:
                 op.saved = host.tokens(key)
                 plan.save.append((key, op.path))

@@ -29,6 +29,7 @@ class CacheEvent:
     holder: int | str | None = None
     tokens: list[int] = attrs.field(factory=list)
     length: int = 0
+    adapters: tuple = ()  # the LoRA adapter set the KV was computed under (Request.adapters)
 
 
 class ReportingHostTier(HostTier):
@@ -40,10 +41,10 @@ class ReportingHostTier(HostTier):
         super().__init__(limit_bytes)
         self.events = events
 
-    def add(self, tokens: list[int], force: bool = False) -> str | None:
-        key = super().add(tokens, force)
+    def add(self, tokens: list[int], force: bool = False, adapters: tuple = ()) -> str | None:
+        key = super().add(tokens, force, adapters)
         if key is not None:
-            self.events.append(CacheEvent("stored", "cpu", key, tokens, len(tokens)))
+            self.events.append(CacheEvent("stored", "cpu", key, tokens, len(tokens), adapters))
         return key
 
     def parked(self, key: str, size: int) -> None:

@@ -22,8 +22,8 @@ from .artifacts import Artifacts
 from .cache_events import CacheEvent, ReportingHostTier
 from .lane import Lane
 from .pool_limit import PoolLimit, PoolVerdict
-from .prefix import MIN_REUSE, SlotCache, common_prefix
-from .seeding import best_seed, may_reuse, waiting_for_donors
+from .prefix import MIN_REUSE, SlotCache
+from .seeding import best_seed, may_reuse, own_head, waiting_for_donors
 from .tick import OWN, Seed, TickPlan, TickResult
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class KVManager:
                 # Too short to be worth a copy, but keeping it in place is free: the slot's cache
                 # is cut after the head it shares with the prompt (often a chat template's first
                 # tokens), once the whole cache has gone to host memory like any overwritten one.
-                head = min(common_prefix(self.cache.tokens(slot), lane.tokens), len(lane.tokens) - 1)
+                head = own_head(self.cache, slot, lane)
         old = self.cache.tokens(slot)
         if old and (reuse == 0 or not seed.own or len(old) > reuse + MIN_REUSE):
             # overwritten, or cut short of the turns of a conversation that branched off: to host first
@@ -170,7 +170,7 @@ class KVManager:
             self._parked.pop(lane.parked, None)
             binding = Binding(slot, Seed(key=lane.parked), n_cached=lane.parked_tokens)
         if binding.n_cached and self.caps.prefix_cache:  # the slot holds the seed's tokens (a cut or a copy)
-            self._held(slot, lane.tokens, binding.n_cached)
+            self._held(slot, lane.tokens, binding.n_cached, lane.request.adapters)
         elif old:
             self._report("removed", slot)
         return binding
@@ -212,8 +212,8 @@ class KVManager:
         self.free.append(lane.slot)
         if keep_kv and self.caps.prefix_cache and not lane.needs_reset:
             tokens = lane.tokens[:lane.n_cached]
-            self.cache.store(lane.slot, tokens)
-            self._held(lane.slot, tokens, len(tokens))
+            self.cache.store(lane.slot, tokens, lane.request.adapters)  # keyed by its adapter set
+            self._held(lane.slot, tokens, len(tokens), lane.request.adapters)
             if self.caps.shared_pool:
                 self._bound_shared_cache()
         else:
@@ -225,7 +225,7 @@ class KVManager:
         """A running lane's KV grew by prompt tokens: reported as held by its slot, as other
         lanes may already be seeded from it (its generated tokens are reported when it ends)."""
         if self.caps.prefix_cache and lane.slot is not None:
-            self._held(lane.slot, lane.tokens, lane.n_cached)
+            self._held(lane.slot, lane.tokens, lane.n_cached, lane.request.adapters)
 
     def _forget_parked(self, lane: Lane) -> None:
         if lane.parked is not None:
@@ -373,7 +373,7 @@ class KVManager:
         return len(tokens)
 
     def _evict_to_host(self, slot: int, tokens: list[int], reason: str) -> None:
-        key = self.host.add(tokens) if self._host_open() else None
+        key = self.host.add(tokens, adapters=self.cache.adapters(slot)) if self._host_open() else None
         if key is not None:
             self._park.append((slot, key))
         self._count(reason)
@@ -381,8 +381,8 @@ class KVManager:
     def _count(self, reason: str, n: int = 1) -> None:
         self.evictions[reason] = self.evictions.get(reason, 0) + n
 
-    def _held(self, slot: int, tokens: list[int], length: int) -> None:
-        self.cache_events.append(CacheEvent("stored", "gpu", slot, tokens, length))
+    def _held(self, slot: int, tokens: list[int], length: int, adapters: tuple = ()) -> None:
+        self.cache_events.append(CacheEvent("stored", "gpu", slot, tokens, length, adapters))
 
     def _report(self, kind: str, slot: int) -> None:
         self.cache_events.append(CacheEvent(kind, "gpu", slot))

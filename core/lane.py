@@ -55,6 +55,9 @@ class Lane:
     finish_reason: str | None = None
     cancel_requested: bool = False
     waited_ticks: int = 0
+    # ticks since a lane of its LoRA adapter set last ran (engines that run one set per tick:
+    # written by core/adapter_groups.py before each plan, read by the grouping policy)
+    group_waited: int = 0
     n_prefilled: int = 0   # prompt tokens the engine actually prefilled for this lane
     n_output: int = 0      # generated tokens that count toward usage (EOS excluded)
     needs_reset: bool = True  # the engine must clear the slot and start a fresh sampler
@@ -133,6 +136,10 @@ class Lane:
             self.waited_ticks = 0
         elif passed_over:
             self.waited_ticks += 1
+
+    def group_wait(self, ticks: int) -> None:
+        """Ticks since a lane of its LoRA adapter set last ran (``core/adapter_groups.py``)."""
+        self.group_waited = ticks
 
     def bind(self, binding: Binding, now: float) -> bool:
         """Admitted (again, after a preemption) into ``binding.slot``, seeded as the KV manager

@@ -16,6 +16,7 @@ from .constrain import UnsupportedConstraint
 from .constrain import check as check_constraint
 from .errors import (ContextLengthExceeded, EngineCrashed, EngineFailure, InvalidRequest, QueueFull,
                      ServiceUnavailable, SuperfluidError)
+from .adapters import Adapter, AdapterTable, adapters_in_use
 from .arrivals import ArrivalWindow
 from .artifacts import SaveOp
 from .lane import Lane
@@ -52,6 +53,7 @@ class ModelLoop:
         self.arrivals = ArrivalWindow()
         self._crashes: list[float] = []
         self._quiet_tick = False  # the tick in flight is a quiet one (TickPlan.quiet)
+        self.adapters = AdapterTable(name)  # its LoRA adapters (core/adapters.py)
 
     @property
     def lanes(self) -> list[Lane]:
@@ -79,6 +81,7 @@ class ModelLoop:
             if self._closed:
                 raise self._closed_error()
             self._check_queue(request)
+            self.adapters.check(request.adapters)  # an adapter unloaded since the front end looked
             self.scheduler.add(lane)
             self.arrivals.arrived(time.monotonic())
             self._cv.notify()
@@ -151,13 +154,15 @@ class ModelLoop:
                 self.engine.request_stop()
                 self._cv.notify()
 
-    def save_prefix(self, tokens: list[int], path: str, timeout: float = 60.0) -> list[int] | None:
+    def save_prefix(self, tokens: list[int], path: str, timeout: float = 60.0,
+                    adapters: tuple = ()) -> list[int] | None:
         """Write the cached KV that best covers ``tokens`` to a park artifact at ``path`` (a
         session's KV, outliving this process). Returns the tokens the artifact holds, or None when
-        nothing of them is cached or the engine cannot persist KV. Blocks until the next tick."""
+        nothing of them is cached or the engine cannot persist KV. Blocks until the next tick.
+        Only KV computed under ``adapters`` (a LoRA set: the session's) is saved."""
         if not self.engine.capabilities.persists_kv:
             return None
-        op = SaveOp(tokens=list(tokens), path=path)
+        op = SaveOp(tokens=list(tokens), path=path, adapters=tuple(adapters))
         with self._cv:
             if self._closed and self._thread is not None and not self._thread.is_alive():
                 return None
@@ -173,16 +178,43 @@ class ModelLoop:
         with self._cv:
             self.scheduler.kv.pin(list(tokens), pin)
 
-    def adopt_prefix(self, tokens: list[int], path: str) -> bool:
+    def adopt_prefix(self, tokens: list[int], path: str, adapters: tuple = ()) -> bool:
         """Load a park artifact holding ``tokens`` into the host tier at the next tick, so the next
-        request that starts with them restores instead of prefilling. False if unsupported."""
+        request that starts with them (under the LoRA set ``adapters``, the artifact's) restores
+        instead of prefilling. False if unsupported."""
         caps = self.engine.capabilities
         if not (caps.persists_kv and caps.prefix_cache):
             return False
         with self._cv:
-            self.scheduler.kv.artifacts.load(path, tokens)
+            self.scheduler.kv.artifacts.load(path, tokens, tuple(adapters))
             self._cv.notify()
         return True
+
+    def load_adapter(self, name: str, path: str, scale: float = 1.0, timeout: float = 120.0) -> Adapter:
+        """Load a LoRA adapter at the next tick (under traffic: before that tick's lanes) and wait
+        for the engine's answer. Raises :class:`EngineFailure` (with its reason) if the engine
+        could not load it; the adapter is then unknown, as before."""
+        caps = self.engine.capabilities
+        if getattr(caps, "adapters", "none") == "none":
+            raise InvalidRequest(f"model {self.name!r}: its engine serves no LoRA adapters", code="adapters_not_supported")
+        with self._cv:
+            adapter = self.adapters.add(name, path, scale)
+            self._cv.notify()
+        if not adapter.done.wait(timeout):
+            raise EngineFailure(f"model {self.name!r}: LoRA adapter {name!r} is still loading after {timeout:.0f} s")
+        if adapter.error is not None:
+            raise EngineFailure(f"model {self.name!r}: LoRA adapter {name!r} could not be loaded: {adapter.error}",
+                                code="adapter_load_failed")
+        return adapter
+
+    def unload_adapter(self, name: str, timeout: float = 30.0) -> bool:
+        """Stop serving a LoRA adapter now (new requests naming it get 404); lanes running or
+        queued under it finish, then the engine unloads it. True once unloaded within
+        ``timeout``, False while its lanes still run (it is unloaded when they end)."""
+        with self._cv:
+            adapter = self.adapters.remove(name)
+            self._cv.notify()
+        return adapter.done.wait(timeout)
 
     def snapshot(self) -> dict:
         """Per-slot state for /slots."""
@@ -237,7 +269,8 @@ class ModelLoop:
         """Block until there is something to do; False once closed and drained."""
         sched = self.scheduler
         with self._cv:
-            while not (self._closed or sched.busy() or sched.kv.has_work()):
+            while not (self._closed or sched.busy() or sched.kv.has_work()
+                       or self.adapters.has_work(adapters_in_use(sched.lanes, sched.queue))):
                 self._cv.wait()
             if self._closed and not (sched.lanes or sched.kv.artifacts.has_saves()):
                 return False
@@ -263,6 +296,7 @@ class ModelLoop:
                 sched.fail_running(error)
                 sched.fail_queued(error)
                 return None
+            self.adapters.fill_plan(plan, adapters_in_use(sched.lanes, sched.queue))
             if plan.empty():  # nothing runnable now (e.g. every queued class at its cap)
                 self._cv.wait(0.05)
                 return None
@@ -271,15 +305,19 @@ class ModelLoop:
             result = self.engine.run_tick(plan)
         except EngineCrashed as exc:  # the worker died: restart it, lanes resume from their tokens
             log.error("model %s: %s", self.name, exc)
+            with self._cv:
+                self.adapters.tick_failed(str(exc))
             self._recover(exc)
             return None
         except Exception as exc:  # the engine failed: fail its lanes, keep serving others
             log.exception("model %s: tick failed", self.name)
             with self._cv:
+                self.adapters.tick_failed(str(exc))
                 sched.engine_failed(exc if isinstance(exc, SuperfluidError) else EngineFailure(f"engine error: {exc}"))
             return None
         with self._cv:
             self._quiet_tick = False
+            self.adapters.tick_done(result.adapter_errors)
             stats = sched.postprocess(plan, result)
         self.hook.superfluid_tick_done(model=self.name, stats=stats)
         return stats
@@ -303,6 +341,8 @@ class ModelLoop:
         time.sleep(min(2 ** (len(self._crashes) - 1) * 0.5, 8.0))  # back off before restarting
         try:
             self.engine.restart()
+            with self._cv:
+                self.adapters.engine_restarted()
             log.warning("model %s: engine restarted; %d lanes resume", self.name, len(sched.lanes))
         except Exception as restart_exc:  # noqa: BLE001 - reported to the lanes
             log.exception("model %s: restart failed", self.name)

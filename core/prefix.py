@@ -3,11 +3,18 @@
 A finished lane leaves its KV in its slot. When a new lane is admitted, the slot (or running
 lane) whose tokens share the longest prefix with its prompt seeds it, and only the rest is
 prefilled. A prompt that shares a long prefix with one still being prefilled waits for it
-instead of prefilling the same tokens again."""
+instead of prefilling the same tokens again.
+
+KV computed under one LoRA adapter set is not the KV of another (nor of the base model): every
+cached prefix carries the adapter set it was computed under (``Request.adapters``), and a lookup
+matches only prefixes of the asker's set. A slot's cache of another set shares nothing with the
+prompt, whatever its tokens."""
 
 from __future__ import annotations
 
 import time
+
+from .request import AdapterSet
 
 MIN_REUSE = 16  # shorter shared prefixes are not worth a copy
 # A cache whose head is at least this share of a new prompt is cut and kept in place for it rather
@@ -37,6 +44,7 @@ class SlotCache:
 
     def __init__(self, pinned: list[list[int]] | None = None) -> None:
         self._tokens: dict[int, list[int]] = {}
+        self._sets: dict[int, AdapterSet] = {}  # the adapter set each cache was computed under
         self._used: dict[int, float] = {}
         self._pins = [p for p in (pinned or []) if p]
 
@@ -49,19 +57,29 @@ class SlotCache:
         if tokens in self._pins:
             self._pins.remove(tokens)
 
-    def store(self, slot: int, tokens: list[int]) -> None:
+    def store(self, slot: int, tokens: list[int], adapters: AdapterSet = ()) -> None:
         if tokens:
             self._tokens[slot] = tokens
+            self._sets[slot] = adapters
             self._used[slot] = time.monotonic()
         else:
             self.forget(slot)
 
     def forget(self, slot: int) -> None:
         self._tokens.pop(slot, None)
+        self._sets.pop(slot, None)
         self._used.pop(slot, None)
 
     def tokens(self, slot: int) -> list[int]:
         return self._tokens.get(slot, [])
+
+    def adapters(self, slot: int) -> AdapterSet:
+        """The adapter set the slot's cache was computed under."""
+        return self._sets.get(slot, ())
+
+    def tokens_for(self, slot: int, adapters: AdapterSet) -> list[int]:
+        """The slot's cached tokens if computed under ``adapters``, else none (not a prefix to share)."""
+        return self._tokens.get(slot, []) if self._sets.get(slot, ()) == adapters else []
 
     def pinned(self, slot: int) -> bool:
         tokens = self._tokens.get(slot, [])
@@ -76,18 +94,19 @@ class SlotCache:
         return sorted(self._tokens, key=lambda s: (self.pinned(s), self._used.get(s, 0.0)))
 
     def best_slot(self, prompt: list[int], free_slots: list[int],
-                  busy: list[int] | None = None) -> tuple[int, int]:
+                  busy: list[int] | None = None, adapters: AdapterSet = ()) -> tuple[int, int]:
         """(slot, reusable tokens): the free slot sharing the longest prefix with ``prompt``; with
         none worth a copy (``MIN_REUSE``), the unpinned cache with the longest head shared with the
         prompt if that head is at least ``SIMILAR_HEAD`` of it (cutting it in place is free, and
         short prompts such as raw ChatML share a tenth or more), else an empty slot, else the first
-        cache in eviction order. Given the ``busy`` slots (an engine whose steps cost more the wider
+        cache in eviction order. Only caches of the prompt's ``adapters`` share anything with it.
+        Given the ``busy`` slots (an engine whose steps cost more the wider
         the range of slots they touch), the slot that keeps that range narrowest comes first."""
         best, best_n = None, 0
         limit = len(prompt) - 1  # at least one token is fed, so there are logits to sample
         heads = {}
         for slot in free_slots:
-            n = heads[slot] = min(common_prefix(self._tokens.get(slot, []), prompt), limit)
+            n = heads[slot] = min(common_prefix(self.tokens_for(slot, adapters), prompt), limit)
             # of caches sharing as much (a common system prompt), the least valuable: the slot
             # cut for this lane, or copied from, keeps the most recent conversations whole
             if n > best_n or (n and n == best_n and self._value(slot, busy) < self._value(best, busy)):
@@ -133,7 +152,7 @@ class HostTier:
 
     def __init__(self, limit_bytes: int):
         self.limit = limit_bytes
-        self._entries: dict[str, list] = {}  # key -> [tokens, bytes, last use]
+        self._entries: dict[str, list] = {}  # key -> [tokens, bytes, last use, adapter set]
         self._bytes = 0  # the entries' bytes, kept as they change: read every tick
         self._next = 0
 
@@ -144,14 +163,15 @@ class HostTier:
     def bytes(self) -> int:
         return self._bytes
 
-    def add(self, tokens: list[int], force: bool = False) -> str | None:
-        """A key to park a prefix under, or None if it is not worth keeping (``force``: a park
-        artifact being loaded, kept whatever the limit until it is used once)."""
+    def add(self, tokens: list[int], force: bool = False, adapters: AdapterSet = ()) -> str | None:
+        """A key to park a prefix (computed under ``adapters``) under, or None if it is not worth
+        keeping (``force``: a park artifact being loaded, kept whatever the limit until it is
+        used once)."""
         if not force and (self.limit <= 0 or len(tokens) < MIN_HOST_TOKENS):
             return None
         self._next += 1
         key = f"prefix-{self._next}"
-        self._entries[key] = [list(tokens), 0, time.monotonic()]
+        self._entries[key] = [list(tokens), 0, time.monotonic(), adapters]
         return key
 
     def parked(self, key: str, size: int) -> None:
@@ -165,12 +185,13 @@ class HostTier:
             self._entries[key][1] = size
             self._bytes += size
 
-    def best(self, prompt: list[int]) -> tuple[str | None, int]:
+    def best(self, prompt: list[int], adapters: AdapterSet = ()) -> tuple[str | None, int]:
+        """The entry of the prompt's ``adapters`` holding the longest prefix of it."""
         best, best_n = None, 0
         limit = len(prompt) - 1
         head = prompt[:MIN_REUSE]
-        for key, (tokens, size, _) in self._entries.items():
-            if tokens[:MIN_REUSE] != head:  # cheap reject: nothing worth reusing
+        for key, (tokens, size, _, held_under) in self._entries.items():
+            if tokens[:MIN_REUSE] != head or held_under != adapters:  # cheap reject: nothing worth reusing
                 continue
             n = min(common_prefix(tokens, prompt), limit)
             if n > best_n:
@@ -180,6 +201,10 @@ class HostTier:
     def tokens(self, key: str) -> list[int]:
         entry = self._entries.get(key)
         return list(entry[0]) if entry else []
+
+    def adapters(self, key: str) -> AdapterSet:
+        entry = self._entries.get(key)
+        return entry[3] if entry else ()
 
     def remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -197,7 +222,7 @@ class HostTier:
             return []
         dropped = []
         total = self.bytes
-        for key, (_, size, _) in sorted(self._entries.items(), key=lambda kv: kv[1][2]):
+        for key, (_, size, _, _) in sorted(self._entries.items(), key=lambda kv: kv[1][2]):
             if total <= self.limit:
                 break
             dropped.append(key)

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import qos
+from .adapter_groups import GroupClock
 from .costs import CostModel
 from .errors import DeadlineExceeded, EngineFailure
 from .kv import KVManager
@@ -45,6 +46,7 @@ class Scheduler:
         self.lanes: list[Lane] = []
         self.kv = KVManager(name, capabilities, settings)
         self.gauge = PressureGauge(name, pressure_sources or [])
+        self.groups = GroupClock()  # adapter sets' waits, on engines that run one set per tick
         self.ticks = 0
         self._preempted = self._promoted = 0
 
@@ -85,9 +87,11 @@ class Scheduler:
             lane.tick_passed(served=False)
         plan = TickPlan()
         if self.lanes:
+            self.groups.stamp(self.lanes)
             plan = self.hook.superfluid_plan_tick(
                 lanes=list(self.lanes), queue=list(self.queue), costs=self.costs,
                 capabilities=self.kv.caps, settings=self.settings, now=now)
+            self.groups.count(self.lanes, plan, per_tick=getattr(self.kv.caps, "adapters", "none") == "per_tick")
         self._age_prefilling({lp.slot for lp in plan.lanes})
         self.kv.fill_plan(plan)
         annotate(plan, self.lanes)

@@ -1,6 +1,7 @@
 """Where a new lane's KV may come from: which lanes may reuse others' KV, which running lane's
 slot holds a prefix, which seed holds the longest prefix of a prompt, and which queued lanes
-should wait for a prefix still being prefilled. It only chooses: the KV manager
+should wait for a prefix still being prefilled. A prefix is shared only between lanes of one
+LoRA adapter set (KV computed under one adapter is not another's). It only chooses: the KV manager
 (``core/kv.py``) takes the slot and keeps the books."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def waiting_for_donors(queue: list[Lane], donors: list[Lane]) -> set[Lane]:
             continue
         head = lane.tokens[:MIN_REUSE]
         for donor in donors:
-            if donor.tokens[:MIN_REUSE] != head:  # cheap reject before the full comparison
+            # cheap reject before the full comparison
+            if donor.tokens[:MIN_REUSE] != head or donor.request.adapters != lane.request.adapters:
                 continue
             shared = min(common_prefix(donor.tokens[:donor.n_prompt], lane.tokens), lane.n_prompt - 1)
             if shared >= MIN_REUSE and donor.n_cached < shared:
@@ -42,7 +44,8 @@ def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], bus
     The longest prefix wins: a free slot's cache, a running lane's KV, the host tier."""
     seed, copied = OWN, None
     media = lane.request.media  # a prefix holds every image whole (see media.snap)
-    slot, reuse = cache.best_slot(lane.tokens, free, busy)
+    adapters = lane.request.adapters  # and is shared only under the same adapter set
+    slot, reuse = cache.best_slot(lane.tokens, free, busy, adapters)
     reuse = snap(media, reuse)
     if reuse and len(cache.tokens(slot)) > reuse + MIN_REUSE:
         # The cache holds more than this lane shares (another conversation that branched off
@@ -54,17 +57,23 @@ def best_seed(lane: Lane, cache: SlotCache, host: HostTier, free: list[int], bus
             copied, slot = slot, target
     for donor in running:  # a running lane's KV may hold more of this prompt
         source = kv_source(donor)
-        if source is None:
+        if source is None or donor.request.adapters != adapters:
             continue
         shared = snap(media, min(common_prefix(donor.tokens[:donor.n_cached], lane.tokens), len(lane.tokens) - 1))
         if shared > reuse and shared >= MIN_REUSE:
             reuse, seed = shared, Seed(slot=source)
     if len(host):  # a host-memory prefix may hold more of it
-        key, shared = host.best(lane.tokens)
+        key, shared = host.best(lane.tokens, adapters)
         shared = snap(media, shared)
         if key is not None and shared > reuse and shared >= MIN_REUSE:
             reuse, seed = shared, Seed(key=key, shared=True)
     return slot, reuse, seed, copied
+
+
+def own_head(cache: SlotCache, slot: int, lane: Lane) -> int:
+    """Tokens ``slot``'s own cache (if of the lane's adapter set) shares with the lane's prompt,
+    one token left to feed."""
+    return min(common_prefix(cache.tokens_for(slot, lane.request.adapters), lane.tokens), len(lane.tokens) - 1)
 
 
 def may_reuse(lane: Lane) -> bool:

@@ -14,6 +14,7 @@ from superfluid.core.lane import Lane
 from superfluid.core.media import whole_chunk
 from superfluid.core.tick import OWN, LanePlan, TickPlan
 
+from .groups import adapter_group
 from .options import OPTIONS
 
 STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
@@ -96,6 +97,9 @@ def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
 
 
 def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, settings) -> TickPlan:
+    bound = len(lanes)  # lanes holding a slot, whatever this tick runs
+    if getattr(capabilities, "adapters", "none") == "per_tick":  # one LoRA adapter set per step
+        lanes = adapter_group(lanes, settings)
     solo = [l for l in lanes if l.request.batch_invariant]
     if solo:  # a batch-invariant lane ticks alone, so its output does not depend on other traffic
         lanes = [min(solo, key=lambda l: l.admitted_at or 0.0)]
@@ -104,7 +108,7 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     base_rounds = max(1, round(tick_target_s(capabilities, settings, False)
                              / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     finishing = any(l.remaining_tokens <= base_rounds for l in decoding)
-    admitting = len(lanes) < settings.max_batch or finishing
+    admitting = bound < settings.max_batch or finishing
     quiet = OPTIONS.of(settings).quiet_ticks and is_quiet(decoding, prefilling, queue, capabilities)
     target = tick_target_s(capabilities, settings, admitting and not quiet)
 
@@ -170,7 +174,7 @@ def _lane_plan(lane: Lane, n: int, sample: bool, max_new: int, decode: bool) -> 
     return LanePlan(slot=lane.slot, pos=lane.n_cached, feed=lane.tokens[lane.n_cached:lane.n_cached + n],
                     sample=sample, max_new=max_new, reset=reset,
                     sampling=req.sampling if reset else None, ignore_eos=req.ignore_eos,
-                    decode=decode and not reset,
+                    decode=decode and not reset, adapters=req.adapters,
                     seed=lane.seed if reset else OWN, history=history,
                     # A lane resuming its generation (KV dropped) replays its generated tokens one
                     # per step, as decoding computed them, so its KV and text come out the same.
