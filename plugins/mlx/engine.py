@@ -14,7 +14,7 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
-from . import vision, worker
+from . import kv_width, vision, worker
 from .constants import HIDDEN_STATE_MODELS
 from superfluid.plugins.vocab import open_vocab
 
@@ -57,6 +57,11 @@ class MlxEngine(WorkerEngine):
         vocab = open_vocab(self.path, model.name)
         if self.vision or text_half_only:  # the language half's context and width sit in its text_config
             vocab.info = attrs.evolve(vocab.info, **vision.text_facts(self.path))
+        try:
+            self.kv_bits = kv_width.kv_bits(model, self.path)  # --kv-bits (ConfigError: not for this model)
+        except ConfigError:
+            vocab.close()
+            raise
         self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
         self.pool_cells = int(CORE_OPTIONS.of(model).kv_pool_cells or 0)  # a shared pool's (pool.py)
         if self.pool_cells and self.pool_cells < self.max_context:
@@ -98,7 +103,8 @@ class MlxEngine(WorkerEngine):
     def start(self, progress: Callable[[str], None] | None = None) -> None:
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes, max_context=self.max_context,
                                  eog=frozenset(self.vocab.eog), vision=self.vision, pool_cells=self.pool_cells,
-                                 image_encoding=CORE_OPTIONS.of(self.model_config).image_encoding)
+                                 image_encoding=CORE_OPTIONS.of(self.model_config).image_encoding,
+                                 kv_bits=self.kv_bits)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-mlx-{self.info.name}")
         # the slots beyond the lanes keep recently finished prefixes; a shared pool's cached
         # prefixes take cells the lanes could use (core.engine.EngineCapabilities says how each is used)

@@ -16,6 +16,10 @@ Bytes per cell come from the loaded model: each layer's K and V widths are its `
 ``v_proj`` output widths (KV heads × head length, the rows its cache stores), the element size the
 dtype the model computes in. The runner gives every layer a plain ``KVCache`` (its slots are cut,
 copied and parked by position), so a window layer stores every cell too: every layer counts.
+With --kv-bits the cache is mlx-lm's ``QuantizedKVCache`` (``kv_cells``): a row of ``w`` elements
+takes ``w × bits / 8`` bytes of packed ints plus a scale and a bias in the model's dtype for each
+group of 64 (8 bits in f16: 68 bytes for 64 elements where f16 takes 128; 4 bits: 36), and the
+pool's cells, the shared pool's cap, /health's ``kv_pool`` and the parked bytes count those.
 
 Free memory: on a Mac, Metal's recommended working set less what MLX holds after loading the
 weights (``mx.device_info()``); elsewhere (Linux, the CPU device) the host's available memory.
@@ -23,10 +27,32 @@ weights (``mx.device_info()``); elsewhere (Linux, the CPU device) the host's ava
 
 from __future__ import annotations
 
+import attrs
+
 from superfluid.plugins.kvpool.layout import FreeMemory, PoolLayout, decide, host_free
 from superfluid.plugins.kvpool.shape import KVShape
 
 CACHE_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}  # mx dtype -> kvpool.shape's name
+SCALE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+GROUP_SIZE = 64  # kv_cells.GROUP_SIZE (not imported: this module is read without MLX's cache classes)
+
+
+@attrs.frozen
+class QuantizedShape(KVShape):
+    """A model's KV shape held in mlx-lm's ``QuantizedKVCache``: ``bits`` a element, and a scale
+    and a bias of ``scale_bytes`` each per group of :data:`GROUP_SIZE` elements."""
+
+    bits: int = 8
+    scale_bytes: int = 2
+
+    def row(self, width: int) -> int:
+        return width * self.bits // 8 + width // GROUP_SIZE * 2 * self.scale_bytes
+
+    def layer_bytes(self, il: int, v_trans: bool = False) -> int:
+        return self.row(self.k_width[il]) + self.row(self.v_width[il])
+
+    def describe(self) -> dict:
+        return {**super().describe(), "kv_bits": self.bits, "group_size": GROUP_SIZE}
 
 
 def _width(module, fallback: int) -> int:
@@ -35,8 +61,9 @@ def _width(module, fallback: int) -> int:
     return int(weight.shape[0]) if weight is not None else fallback
 
 
-def model_shape(model, cache_type: str = "f16") -> KVShape:
-    """Per-layer K/V widths of a loaded mlx-lm model; which layers slide, from its own caches."""
+def model_shape(model, cache_type: str = "f16", bits: int = 0) -> KVShape:
+    """Per-layer K/V widths of a loaded mlx-lm model; which layers slide, from its own caches;
+    ``bits``: its caches quantized (--kv-bits)."""
     args = getattr(model, "args", None)
     heads = int(getattr(args, "num_attention_heads", 0) or 0)
     kv_heads = int(getattr(args, "num_key_value_heads", 0) or heads)
@@ -47,7 +74,26 @@ def model_shape(model, cache_type: str = "f16") -> KVShape:
         k.append(_width(getattr(attn, "k_proj", None), kv_heads * head_dim))
         v.append(_width(getattr(attn, "v_proj", None), kv_heads * head_dim))
     swa, n_swa = window_layers(model, len(k))
+    if bits:
+        name = f"q{bits}_g{GROUP_SIZE}"
+        return QuantizedShape(tuple(k), tuple(v), swa, n_swa, name, name, bits, SCALE_BYTES.get(cache_type, 4))
     return KVShape(tuple(k), tuple(v), swa, n_swa, cache_type, cache_type)
+
+
+def head_dims(model) -> list[int]:
+    """Each attention layer's head length (keys and values), as its cache's rows are cut."""
+    args = getattr(model, "args", None)
+    heads = int(getattr(args, "num_attention_heads", 0) or 0)
+    dims = []
+    for layer in model.layers:
+        attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
+        dim = getattr(attn, "head_dim", None) or int(getattr(args, "head_dim", 0) or 0) or \
+            (getattr(args, "hidden_size", 0) // heads if heads else 0)
+        dims.append(int(dim))
+        v_dim = getattr(attn, "v_head_dim", None)
+        if v_dim:
+            dims.append(int(v_dim))
+    return dims
 
 
 def window_layers(model, n_layer: int) -> tuple[tuple[bool, ...], int]:

@@ -24,8 +24,10 @@ pass takes input rows instead of token ids (mlx-lm's ``input_embeddings``): the 
 embeddings, with the image's embedding rows (its encoder's, once per image: ``self.media``) at
 the placeholders. Text and image rows go in one pass; a feed of tokens only is run as before.
 
-Parking copies a slot's keys and values to numpy arrays (host memory); restoring builds fresh
-caches from them. A copy from another slot slices that slot's arrays up to the kept length.
+Each layer's cache is mlx-lm's ``KVCache``, or its ``QuantizedKVCache`` under --kv-bits
+(``kv_cells``). Parking copies a slot's arrays to numpy arrays (host memory; ``parking``);
+restoring builds fresh caches from them. A copy from another slot slices that slot's arrays up
+to the kept length.
 
 The pool is sized in pool.py (the worker): with a shared pool (a sliding-window model) a step that
 would take the slots past its cells is refused before anything is fed (``PoolFull``), as
@@ -41,7 +43,6 @@ import time
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
 
 from superfluid.core import tick_runner
 from superfluid.core.constrain import Constrainer
@@ -51,18 +52,21 @@ from superfluid.core.stop_flag import StopFlag
 from superfluid.core.tick import LanePlan, StepTiming, TickPlan, TickResult, TokenLogprob
 from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_one
 
+from . import kv_cells
 from .batch_view import batch_views
 from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
+from .parking import ParkedKV
 from .sampling import LaneSampler
 
 
-class MlxRunner(tick_runner.TickRunner):
+class MlxRunner(ParkedKV, tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
                  constrainer: Constrainer | None = None, encoder=None, shared_pool: bool = False,
-                 image_encoding: str | None = None):
+                 image_encoding: str | None = None, kv_bits: int = 0):
         super().__init__(stop_flag, kv_capacity)
+        self.kv_bits = kv_bits  # 0: full-width caches; 8 or 4: quantized (kv_cells)
         # a shared pool (pool.py): the slots together hold at most kv_capacity cells
         self.shared_pool = shared_pool
         if encoder is not None:  # a vision model: an image to its rows (vision.Encoder), off the tick
@@ -73,9 +77,9 @@ class MlxRunner(tick_runner.TickRunner):
         self.n_layers = len(model.layers)
         self.eog = eog
         self.step_tokens = step_tokens
-        self.caches: dict[int, list[KVCache]] = {}
+        self.caches: dict[int, list] = {}  # slot -> a cache per layer (kv_cells)
         self.samplers: dict[int, LaneSampler]
-        self.parked: dict[str, tuple[int, list]]  # key -> (tokens, [(keys, values, dtype) per layer])
+        self.parked: dict[str, tuple[int, list]]  # key -> (tokens, [[(array, bf16)] per layer]): parking
         model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
         self._last_only = model_type in HIDDEN_STATE_MODELS and hasattr(model, "model")
 
@@ -85,10 +89,10 @@ class MlxRunner(tick_runner.TickRunner):
         caches = self.caches.get(slot)
         return caches[0].offset if caches else 0
 
-    def _slot(self, slot: int) -> list[KVCache]:
+    def _slot(self, slot: int) -> list:
         caches = self.caches.get(slot)
         if caches is None:
-            caches = self.caches[slot] = [KVCache() for _ in range(self.n_layers)]
+            caches = self.caches[slot] = [kv_cells.new_cache(self.kv_bits) for _ in range(self.n_layers)]
         return caches
 
     def cut(self, slot: int, pos: int) -> None:
@@ -102,11 +106,10 @@ class MlxRunner(tick_runner.TickRunner):
     def copy(self, src: int, dst: int, pos: int) -> None:
         """A copy of ``src``'s first ``pos`` tokens: slices of its arrays."""
         n = min(self.length(src), pos)
-        caches = [KVCache() for _ in range(self.n_layers)]
-        if n:
-            for cache, s in zip(caches, self.caches[src]):
-                cache.state = (s.keys[..., :n, :], s.values[..., :n, :], n)
-        self.caches[dst] = caches
+        if not n:
+            self.caches[dst] = [kv_cells.new_cache(self.kv_bits) for _ in range(self.n_layers)]
+            return
+        self.caches[dst] = [kv_cells.from_arrays(self.kv_bits, kv_cells.arrays(c, n), n) for c in self.caches[src]]
 
     def keep_prefix(self, slot: int, pos: int) -> bool:
         if pos == 0:
@@ -118,78 +121,6 @@ class MlxRunner(tick_runner.TickRunner):
     def kv_used(self, touched: set[int] = frozenset()) -> int:
         """Every slot's cache length (cheap to read: ``touched`` is not needed)."""
         return sum(self.length(s) for s in self.caches)
-
-    # ---- parked KV --------------------------------------------------------------------------
-
-    @staticmethod
-    def _to_host(a: mx.array) -> tuple[np.ndarray, object]:
-        if a.dtype == mx.bfloat16:  # numpy has no bfloat16: keep the bits
-            return np.array(a.view(mx.uint16)), mx.bfloat16
-        return np.array(a), None
-
-    @staticmethod
-    def _from_host(a: np.ndarray, dtype) -> mx.array:
-        arr = mx.array(a)
-        return arr.view(dtype) if dtype is not None else arr
-
-    @staticmethod
-    def _nbytes(entry: tuple[int, list]) -> int:
-        return sum(k.nbytes + v.nbytes for k, v, _ in entry[1])
-
-    def park(self, slot: int, key: str) -> int:
-        """Copy a slot's KV to host memory; the bytes held."""
-        n = self.length(slot)
-        layers = []
-        for cache in self.caches.get(slot, ()):
-            if n == 0:
-                break
-            k, kd = self._to_host(cache.keys[..., :n, :])
-            v, _ = self._to_host(cache.values[..., :n, :])
-            layers.append((k, v, kd))
-        entry = self.parked[key] = (n, layers)
-        return max(self._nbytes(entry), 1)
-
-    def parked_bytes(self) -> int:
-        return sum(self._nbytes(entry) for entry in self.parked.values())
-
-    def restore(self, slot: int, entry: tuple[int, list]) -> bool:
-        n, layers = entry
-        caches = [KVCache() for _ in range(self.n_layers)]
-        if n:
-            if len(layers) != self.n_layers:
-                return False
-            for cache, (k, v, dtype) in zip(caches, layers):
-                cache.state = (self._from_host(k, dtype), self._from_host(v, dtype), n)
-        self.caches[slot] = caches
-        return True
-
-    def load(self, path: str, key: str) -> int:
-        """Read a park artifact (``save``'s .npz) into host memory; its size, 0 if unreadable."""
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                n = int(data["n"])
-                bf16 = bool(data["bf16"])
-                layers = [(data[f"k{i}"], data[f"v{i}"], mx.bfloat16 if bf16 else None)
-                          for i in range(int(data["layers"]))]
-        except (OSError, KeyError, ValueError):
-            return 0
-        if n and len(layers) != self.n_layers:
-            return 0
-        entry = self.parked[key] = (n, layers)
-        return max(self._nbytes(entry), 1)
-
-    def save_writer(self, key: str):
-        """The arrays become numpy ones on the tick thread (MLX evaluates on its own streams,
-        which only this thread drives); the writer thread only writes them."""
-        entry = self.parked.get(key)
-        if entry is None:
-            return None
-        n, layers = entry
-        arrays = {"n": np.array(n), "layers": np.array(len(layers)),
-                  "bf16": np.array(any(d is not None for _, _, d in layers))}
-        for i, (k, v, _) in enumerate(layers):
-            arrays[f"k{i}"], arrays[f"v{i}"] = np.asarray(k), np.asarray(v)
-        return lambda f: np.savez(f, **arrays)
 
     # ---- sampling and steps -----------------------------------------------------------------
 
@@ -349,7 +280,7 @@ class MlxRunner(tick_runner.TickRunner):
             if w.accept and sampler:
                 sampler.accept_fed(fed, start, w.replay_from)
             for cache in self.caches[w.slot]:
-                outputs += (cache.keys, cache.values)
+                outputs += kv_cells.arrays(cache)
             targets = w.scored(count)
             if f.rows is not None and any(t is not None for t in targets):
                 scored.append((w, targets, f.rows))

@@ -28,6 +28,7 @@ class WorkerSpec:
     pool_cells: int = 0   # a shared pool's cells (--kv-pool-cells; 0: lanes × context, capped)
     shared_pool_fraction: float = 0.6
     image_encoding: str = "admission"  # images encode on a background thread ("tick": on the tick)
+    kv_bits: int = 0      # 8 or 4: mlx-lm's QuantizedKVCache on every layer (kv_cells); 0: full width
 
 
 def logit_rows(model) -> int | None:
@@ -40,7 +41,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     try:
         import mlx.core as mx
 
-        from . import loader, pool
+        from . import kv_cells, loader, pool
         from superfluid.plugins.vocab.constraints import VocabConstrainer
         from .runner import MlxRunner
 
@@ -55,7 +56,11 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("progress", 90))
         # Built once here, so a constrained lane's first tick does not pay for it.
         constrainer = VocabConstrainer(spec.path, logit_rows(model), spec.eog)
-        shape = pool.model_shape(model, pool.cache_type(model))
+        refused = kv_cells.probe(model, spec.kv_bits)
+        if refused:
+            conn.send(("error", refused))
+            return
+        shape = pool.model_shape(model, pool.cache_type(model), spec.kv_bits)
         layout = pool.layout(shape, spec.max_lanes, spec.max_context, pool.device_free(),
                              pool_cells=spec.pool_cells, fraction=spec.shared_pool_fraction)
         conn.send(("progress", 100))
@@ -63,11 +68,12 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         conn.send(("error", f"cannot load {spec.path} with MLX: {exc}"))
         return
     runner = MlxRunner(model, set(spec.eog), stop_flag, layout.n_ctx, spec.step_tokens, constrainer=constrainer,
-                       encoder=encoder, shared_pool=layout.unified, image_encoding=spec.image_encoding)
+                       encoder=encoder, shared_pool=layout.unified, image_encoding=spec.image_encoding,
+                       kv_bits=spec.kv_bits)
     info = {"pid": os.getpid(), "n_ctx": layout.n_ctx, "n_seq_max": layout.n_seq, "kv_unified": layout.unified,
             "bytes_per_cell": layout.bytes_per_cell, "kv_bytes": layout.n_ctx * layout.bytes_per_cell,
             "kv_pool": {**layout.describe(), "shape": shape.describe(), "allocated": "as slots grow"},
-            "kv_line": layout.line() + ", allocated as slots grow",
+            "kv_line": layout.line() + (f", {spec.kv_bits}-bit" if spec.kv_bits else "") + ", allocated as slots grow",
             "device": str(mx.default_device()), "mlx": mx.__version__}
     if encoder is not None:
         from importlib.metadata import version
