@@ -18,6 +18,7 @@ from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerPro
 from superfluid.core.media import find_mmproj
 
 from . import extra_buffers, vision, worker
+from .context_params import context_settings
 from .options import FLASH_ATTN, OPTIONS
 from superfluid.plugins.vocab.gguf import Vocab
 
@@ -28,18 +29,21 @@ DEFAULT_MAX_CONTEXT = 8192
 
 class LlamaCppEngine(WorkerEngine):
     engine_name = "llamacpp"
+    implements_rope_scaling = True  # rope/YaRN options reach llama_context_params (context_params.py)
 
     def __init__(self, *, model, config):
         self.model_config = model
         self.path = model.path
         if not os.path.isfile(self.path):
             raise ConfigError(f"model {model.name!r}: file not found: {self.path}")
+        # KV types and rope settings first: a refusal (kv-bits with flash attention off) holds nothing
+        self.context, self.flash_attn = context_settings(
+            CORE_OPTIONS.of(model), FLASH_ATTN[OPTIONS.of(model).flash_attn or "auto"], model.name)
         self._take_vocab(model, Vocab(self.path, model.name), DEFAULT_MAX_CONTEXT)
         core, own = CORE_OPTIONS.of(model), OPTIONS.of(model)
         self.threads = core.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
         self.kv_unified = bool(own.kv_unified)
         self.pool_cells = int(core.kv_pool_cells or 0)
-        self.flash_attn = FLASH_ATTN[own.flash_attn or "auto"]
         self.extra_buffers_mode = own.llama_extra_buffers or "auto"
         self.extra_buffers: extra_buffers.ExtraBuffers | None = None  # decided at the first start
         if self.pool_cells and self.pool_cells < self.max_context:
@@ -141,7 +145,7 @@ class LlamaCppEngine(WorkerEngine):
                                  kv_unified=self.kv_unified, pool_cells=self.pool_cells,
                                  flash_attn=self.flash_attn, extra_buffers=self.extra_buffers.use,
                                  mmproj=self.mmproj, image_rows=self.info.vision.rows if self.info.vision else 0,
-                                 image_encoding=self.image_encoding)
+                                 image_encoding=self.image_encoding, context=self.context)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-llamacpp-{self.info.name}")
         info["extra_buffers"] = self.extra_buffers.describe()
         info["cpu_features"] = self.extra_buffers.features

@@ -11,7 +11,7 @@ import ctypes
 
 from superfluid.plugins.kvpool.shape import KVShape, from_gguf, parse_meta_value
 
-# the context's cache types: llama_context_default_params' (the worker sets no other)
+# the context's default cache types: llama_context_default_params' (--kv-bits sets others: context_params.py)
 CACHE_TYPE_K = "f16"
 CACHE_TYPE_V = "f16"
 
@@ -33,5 +33,6 @@ def meta_getter(model):
     return get
 
 
-def model_kv_shape(model) -> KVShape:
-    return from_gguf(meta_getter(model), CACHE_TYPE_K, CACHE_TYPE_V)
+def model_kv_shape(model, type_k: str = CACHE_TYPE_K, type_v: str = CACHE_TYPE_V) -> KVShape:
+    """The model's KV shape at the context's cache types (``q8_0`` / ``q4_0`` under --kv-bits)."""
+    return from_gguf(meta_getter(model), type_k, type_v)

@@ -12,6 +12,8 @@ import attrs
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.worker_process import serve_ticks
 
+from .context_params import ContextSettings
+
 
 @attrs.define(frozen=True)
 class WorkerSpec:
@@ -32,6 +34,7 @@ class WorkerSpec:
     mmproj: str | None = None   # the vision half: images are encoded in this worker (vision.py)
     image_rows: int = 0         # embedding rows an image fills (the daemon's layout)
     image_encoding: str = "admission"  # encode on a background thread ("tick": on the tick thread)
+    context: ContextSettings = ContextSettings()  # KV cache types, rope/YaRN (context_params.py)
 
 
 # Window layers hold every cell (llama_context_default_params' default, kept on purpose): with it off
@@ -52,7 +55,7 @@ def size_pool(model, spec: WorkerSpec, n_gpu_layers: int, buffers: dict[str, flo
     from .device_memory import ggml_devices, weights_free
     from .kv_shape import model_kv_shape
 
-    shape = model_kv_shape(model)
+    shape = model_kv_shape(model, spec.context.type_k, spec.context.type_v)
     shared = bool(llama_cpp.llama_model_n_swa(model) > 0 or llama_cpp.llama_model_is_recurrent(model)
                   or llama_cpp.llama_model_is_hybrid(model))
     v_trans = spec.flash_attn != 1  # without flash attention V is stored transposed (padded to the widest)
@@ -87,6 +90,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     import llama_cpp
     import llama_cpp._logger  # noqa: F401  routes llama.cpp's log through Python logging
 
+    from .context_params import apply as apply_context_settings
     from .extra_buffers import model_params, weight_buffers
     from .kv_log import kv_allocated, kv_caches
     from .hidden import model_pooling
@@ -130,6 +134,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     cparams.n_threads = spec.threads
     cparams.n_threads_batch = spec.threads
     cparams.flash_attn_type = spec.flash_attn
+    apply_context_settings(cparams, spec.context)
     cparams.no_perf = True
     # no pooling layer of llama.cpp's: embedding lanes are prefilled in chunks like any other and
     # pooled by the runner (hidden.py), so the context needs none and generation is unaffected
@@ -139,7 +144,9 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     with kv_caches(caches):
         ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
-        conn.send(("error", f"cannot create a context of {pool.n_ctx} cells for {spec.path}"))
+        conn.send(("error", f"cannot create a context of {pool.n_ctx} cells for {spec.path}" + (
+            f" with {spec.context.type_k} KV (its head sizes must be whole blocks of 32 values)"
+            if spec.context.quantized else "")))
         return
     n_ctx_real = llama_cpp.llama_n_ctx(ctx)
     kv_bytes, logged, computed = kv_allocated(shape, pool, n_ctx_real, caches, spec.n_ubatch, v_trans, SWA_FULL)
