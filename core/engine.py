@@ -70,13 +70,12 @@ class RerankFormat:
     ``template`` with ``{query}`` and ``{document}`` in it (a GGUF's
     ``tokenizer.chat_template.rerank``: Qwen3-Reranker), else the tokens ``prefix`` query
     ``middle`` document ``suffix`` (BERT-style: BOS query EOS SEP document EOS, as the
-    vocabulary adds them). ``labels``: the head's outputs per pair (the first is the score)."""
+    vocabulary adds them). The head's first output is the pair's score."""
 
     template: str | None = None
     prefix: tuple[int, ...] = ()
     middle: tuple[int, ...] = ()
     suffix: tuple[int, ...] = ()
-    labels: int = 1
 
 
 @attrs.define(frozen=True)
