@@ -5,7 +5,8 @@ of any length are prefilled in chunks across ticks like any other lane's; this m
 per-token states as the model's GGUF says (``{arch}.pooling_type``: mean, cls, last; mean for a
 model that declares none, as a generative model does). Each step adds what it computed into the
 lane's ``LaneResult.embedding_sum``; the scheduler divides and normalises at the end
-(``superfluid.core.prompt_work``)."""
+(``superfluid.core.prompt_work``). A reranker's lane (``Work.rank``) takes the last token's state
+and gets the model's classification head on it instead (rank.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class HiddenStates:
         self.ctx = ctx
         self.n_embd = n_embd
         self.pooling = pooling
+        self.head = None  # a reranker's RankHead (rank.py), set by the worker; None: not a reranker
 
     def state(self, index: int) -> np.ndarray:
         """The hidden state the last step computed for batch row ``index``."""
@@ -46,6 +48,9 @@ class HiddenStates:
 
     def pool(self, w: Work, first: int, count: int) -> None:
         """Add the states of the ``count`` tokens a step fed for ``w`` (batch rows from ``first``)."""
+        if w.rank:
+            self._rank(w, first, count)
+            return
         if self.pooling == "cls":
             rows = [first] if w.pos == 0 else []
         elif self.pooling == "last":
@@ -61,3 +66,14 @@ class HiddenStates:
             total += np.asarray(w.result.embedding_sum)
         w.result.embedding_sum = total.tolist()
         w.result.pooled += len(rows)
+
+    def _rank(self, w: Work, first: int, count: int) -> None:
+        """A reranker's lane: once the step that ends its prompt has run, the head's outputs on
+        the last token's state (the row llama.cpp's rank pooling takes in a causal model), as one
+        pooled "state" that the scheduler keeps as it is."""
+        if not (count == len(w.feed) and w.ends_prompt):
+            return
+        if self.head is None:
+            raise RuntimeError("a rank lane on a model with no classification head (not a reranker)")
+        w.result.embedding_sum = self.head.scores(self.state(first + count - 1))
+        w.result.pooled = 1

@@ -94,6 +94,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
     from .extra_buffers import model_params, weight_buffers
     from .kv_log import kv_allocated, kv_caches
     from .hidden import model_pooling
+    from .rank import RankHead
     from .runner import LlamaCppRunner
     from .warmup import WarmupFailed, warm_up
 
@@ -159,6 +160,7 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
                         n_ctx_real, unified=unified,  # occupancy counts every cell: spare sequences hold prefixes
                         n_swa=n_swa, recurrent=recurrent, native_rounds=spec.native_rounds,
                         pooling=model_pooling(model))
+    runner.hidden.head = RankHead.load(spec.path, model)  # a reranker's classification head (rank.py)
     encoder = None
     if spec.mmproj:
         from .vision import MtmdEncoder
