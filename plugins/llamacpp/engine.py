@@ -17,7 +17,7 @@ from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerPro
 
 from superfluid.core.media import find_mmproj
 
-from . import extra_buffers, vision, worker
+from . import extra_buffers, rank, vision, worker
 from .context_params import context_settings
 from .options import FLASH_ATTN, OPTIONS
 from superfluid.plugins.vocab.gguf import Vocab
@@ -56,6 +56,8 @@ class LlamaCppEngine(WorkerEngine):
             embeddings=True, generates=not core.embedding_only,
             prefix_cache=not self.vocab.recurrent,
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
+        # a reranker GGUF (rank pooling): how its pairs become prompts, for /v1/rerank (rank.py)
+        self.info = attrs.evolve(self.info, rerank=rank.rerank_format(self.vocab, model.name))
         self.mmproj = self._vision(model, core.mmproj)
         self.image_encoding = core.image_encoding or "admission"
         self.worker = WorkerProcess(model.name)
