@@ -38,7 +38,7 @@ from superfluid.plugins.vocab import HFVocab, open_vocab
 from superfluid.plugins.vocab.constraints import lltokenizer
 
 from . import model as models
-from . import vision
+from . import rope, vision
 from .decode_graph import DecodeGraphs
 from .device import free_memory, resolve_decode, resolve_device, resolve_dtype
 from .kv_pool import PagedKV
@@ -64,6 +64,7 @@ def architecture(vocab, config: dict | None = None, name: str = "config.json") -
 
 class BasertEngine(VocabEngine):
     engine_name = "basert"
+    implements_rope_scaling = True  # rope.py applies --rope-scaling, --rope-scale, --yarn-* at start
 
     def __init__(self, *, model, config):
         self.model_config = model
@@ -175,6 +176,7 @@ class BasertEngine(VocabEngine):
             progress(f"loading {self.name}: weights on {self.device}")
         try:
             self.model = models.load(self.path, name=self.name, device=self.device, dtype=self.dtype)
+            rope.apply(self.model, CORE_OPTIONS.of(self.model_config), self.name, self.device)  # --rope-scaling, --yarn-*
             if self.vision_src is not None:
                 if progress:
                     progress(f"loading {self.name}: vision tower on {self.device}")

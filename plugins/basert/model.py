@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import rope
 from .shape import SUPPORTED_ARCHS, ModelShape, expected_shapes
 from .weights import read_weights
 
@@ -60,8 +61,8 @@ def rope_inv_freq(shape: ModelShape, local: bool) -> torch.Tensor:
     scaling = shape.rope_scaling
     if scaling is None:
         return inv
-    if scaling.kind == "linear":
-        return inv / scaling.factor
+    if scaling.kind in ("linear", "yarn"):  # rope.py: --rope-scaling / a config's linear or yarn
+        return rope.scaled_inv_freq(inv, scaling, d, base, scaling.original_max_position or shape.max_position)
     # llama3: long wavelengths slowed by ``factor``, short ones kept, a linear blend between.
     low_wavelen = scaling.original_max_position / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position / scaling.high_freq_factor
@@ -146,6 +147,7 @@ class Transformer(nn.Module):
         never loaded from a file, so a model built on the meta device needs them made afresh."""
         self.register_buffer("inv_freq_global", rope_inv_freq(self.shape, local=False).to(device), persistent=False)
         self.register_buffer("inv_freq_local", rope_inv_freq(self.shape, local=True).to(device), persistent=False)
+        self.rope_attention = rope.attention_factor(self.shape.rope_scaling)  # YaRN's cos/sin factor (global layers)
         # HF keeps sqrt(hidden) as a float32 buffer and casts it to the weights' dtype: same here.
         self.register_buffer("embed_scale", torch.tensor(self.shape.embed_scale, device=device), persistent=False)
 
@@ -153,9 +155,11 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def _rope(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+    def _rope(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
         freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim], broadcast over heads
+        if scale != 1.0:
+            return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: Attention,
@@ -172,7 +176,7 @@ class Transformer(nn.Module):
         if rows is not None:
             index, values = rows
             x = x.index_copy(0, index, values.to(x.dtype))
-        rope_global = self._rope(positions, self.inv_freq_global, x.dtype)
+        rope_global = self._rope(positions, self.inv_freq_global, x.dtype, self.rope_attention)
         rope_local = (self._rope(positions, self.inv_freq_local, x.dtype)
                       if self.shape.local_rope_theta else rope_global)
         for layer in self.layers:

@@ -58,14 +58,21 @@ def hf_architecture(config: dict[str, Any], name: str = "config.json") -> str:
 class RopeScaling:
     """A context-extension rule applied to the global layers' RoPE frequencies.
 
-    ``kind`` is "linear" (every frequency divided by ``factor``) or "llama3" (low frequencies
-    divided by ``factor``, high ones kept, a smooth blend between, as Llama 3.1 was trained)."""
+    ``kind`` is "linear" (every frequency divided by ``factor``), "llama3" (low frequencies
+    divided by ``factor``, high ones kept, a smooth blend between, as Llama 3.1 was trained) or
+    "yarn" (rope.py, which also applies the --rope-scaling / --yarn-* options)."""
 
     kind: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # "yarn" (and the extrapolation mix of either kind): rope.py's terms, llama.cpp's defaults
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    ext_factor: float = 0.0           # 1.0 under yarn; 0.0: plain interpolation
+    attn_factor: float = 1.0          # multiplies YaRN's mscale
+    attention: float | None = None    # a config's own attention_factor: the whole cos/sin factor
 
 
 @attrs.define(frozen=True)
@@ -215,10 +222,14 @@ def parse_rope_scaling(params: dict[str, Any] | None, name: str) -> RopeScaling 
         return None
     if kind == "linear":
         return RopeScaling("linear", float(params["factor"]))
+    if kind == "yarn":
+        from .rope import from_hf
+
+        return from_hf(params)
     if kind == "llama3":
         return RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
                            float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
-    raise ConfigError(f"model {name!r}: rope scaling type {kind!r} is not supported (default, linear, llama3)")
+    raise ConfigError(f"model {name!r}: rope scaling type {kind!r} is not supported (default, linear, llama3, yarn)")
 
 
 def _hf_rope(config: dict[str, Any], arch: str, name: str) -> tuple[tuple[float, RopeScaling | None], float]:
