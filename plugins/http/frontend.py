@@ -32,6 +32,7 @@ from .ollama.routes import OllamaRoutes
 from .openai.apply_template import ApplyTemplateRoutes
 from .openai.tokenize import TokenizeRoutes
 from .options import OPTIONS
+from .rerank.routes import RerankRoutes
 from .responses.routes import ResponsesRoutes
 
 log = logging.getLogger("superfluid.http")
@@ -65,6 +66,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     # the generation routes' key limiter: a key's lanes and budgets count its embeddings too
     embeddings = EmbeddingRoutes(daemon, config, openai.key_limits, catchup)
     embeddings.add_to(app)
+    RerankRoutes(daemon, embeddings).add_to(app)  # /v1/rerank, /v1/score: a reranker's pairs as embedding lanes
     OllamaRoutes(daemon, config, openai, embeddings).add_to(app)  # /api/…: Ollama's API (Open WebUI, editors)
     TokenizeRoutes(daemon).add_to(app)
     ApplyTemplateRoutes(openai).add_to(app)  # /apply-template: the prompt a chat body renders to

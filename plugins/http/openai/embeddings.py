@@ -107,7 +107,19 @@ class EmbeddingRoutes:
         check_dimensions(req, runtime.engine.info.n_embd, runtime.name)
         prompts = tokens_of(runtime, req.inputs)
         check_context(prompts, runtime.loop.settings.context_length)
-        cls = note_class(request, request_class(request, self.config, req.superfluid))
+        vectors, counted = await self.pooled(request, runtime, prompts, req.superfluid, arrived)
+        data = [{"object": "embedding", "index": i, "embedding": encode(v, fmt)} for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": runtime.name,
+                "usage": {"prompt_tokens": counted, "total_tokens": counted}}
+
+    async def pooled(self, request: web.Request, runtime, prompts: list[list[int]], extension, arrived: float, *,
+                     rank: bool = False, what: str = "input") -> tuple[list[tuple], int]:
+        """Run checked ``prompts`` as embedding lanes under the request's QoS class (``extension``:
+        its ``superfluid`` field), key, budgets and lane limits, logged as one request: (each
+        prompt's vector in order, the prompt tokens counted). ``rank``: a reranker's lanes
+        (Request.rank), whose vectors are its head's scores; ``what`` names a prompt in errors
+        (``input[3]``). What /v1/embeddings and /v1/rerank share."""
+        cls = note_class(request, request_class(request, self.config, extension))
         key = request_key(request)
         if key is not None:
             request[HEADERS] = (self.key_limits, key)
@@ -115,7 +127,7 @@ class EmbeddingRoutes:
         with door_time():
             ticket = self.key_limits.admit(key, n_prompt)
         status, finish = 500, "error"
-        batch = _Batch(runtime, prompts, cls, arrived, self.catchup)
+        batch = _Batch(runtime, prompts, cls, arrived, self.catchup, rank=rank, what=what)
         try:
             vectors, counted = await batch.run()
             status, finish = 200, "stop"
@@ -130,18 +142,18 @@ class EmbeddingRoutes:
                 ticket.end(0, refund_prompt=batch.submitted == 0)
             log_generation(request, status=status, model=runtime.name, qos=cls, prompt_tokens=n_prompt,
                            completion_tokens=0, timings={}, finish=finish, arrived=arrived)
-        data = [{"object": "embedding", "index": i, "embedding": encode(v, fmt)} for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data, "model": runtime.name,
-                "usage": {"prompt_tokens": counted, "total_tokens": counted}}
+        return vectors, counted
 
 
 class _Batch:
     """One request's inputs run as embedding lanes, at most a window of them at a time; the
     first failure (or the client leaving) cancels the rest."""
 
-    def __init__(self, runtime, prompts: list[list[int]], qos: str, arrived: float, catchup=None):
+    def __init__(self, runtime, prompts: list[list[int]], qos: str, arrived: float, catchup=None, *,
+                 rank: bool = False, what: str = "input"):
         self.runtime, self.prompts, self.qos, self.arrived = runtime, prompts, qos, arrived
         self.catchup = catchup
+        self.rank, self.what = rank, what  # reranker lanes; how errors name a prompt
         self.window = asyncio.Semaphore(max(1, runtime.engine.capabilities.max_lanes))
         self.submitted = 0  # lanes the scheduler took
 
@@ -161,12 +173,12 @@ class _Batch:
         async with self.window:
             scheduler = self.runtime.loop
             bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=True, catchup=self.catchup)
-            req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True,
+            req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True, rank=self.rank,
                           reuse_prefix=False, arrived=self.arrived, meta={"embedding": True})
             try:
                 scheduler.submit(req)  # a prompt longer than the context is refused here
             except ContextLengthExceeded as exc:
-                raise ContextLengthExceeded(f"input[{index}]: {exc.message}", param="input") from None
+                raise ContextLengthExceeded(f"{self.what}[{index}]: {exc.message}", param=self.what) from None
             self.submitted += 1
             try:
                 async for event in bridge.events():
@@ -176,8 +188,8 @@ class _Batch:
                         raise EngineFailure(f"embedding failed: {event.error}")
                     if event.kind == "finished":
                         if not event.embedding:
-                            raise EngineFailure(f"input[{index}] ended ({event.finish_reason}) without an "
-                                                f"embedding")
+                            raise EngineFailure(f"{self.what}[{index}] ended ({event.finish_reason}) without "
+                                                f"{'a score' if self.rank else 'an embedding'}")
                         return tuple(event.embedding), event.prompt_tokens or len(tokens)
             finally:
                 if not bridge.done:
