@@ -20,6 +20,7 @@ import threading
 import attrs
 
 from .errors import ConfigError, SuperfluidError
+from .options import Option
 from .request import AdapterSet
 
 log = logging.getLogger("superfluid.adapters")
@@ -83,6 +84,16 @@ def check_specs(specs: list) -> str | None:
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     return f"names {', '.join(twice)} more than once" if twice else None
+
+
+def lora_options() -> list[Option]:
+    """``--lora``, for :func:`superfluid.core.config.core_options` (every engine reads it: one
+    that serves no adapters refuses it at start, naming itself)."""
+    return [Option("lora", list, [], "a LoRA adapter to serve with this model, NAME=PATH[:SCALE] (a GGUF LoRA; "
+                   "SCALE, default 1, is what a request selecting it without a scale gets); repeat for several. "
+                   "Requests select it as model MODEL:NAME or by llama-server's lora field; "
+                   "engines llamacpp, mlx, basert", check_specs, model_scoped=True, metavar="NAME=PATH[:SCALE]",
+                   parse=parse_lora)]
 
 
 @attrs.define(eq=False)
@@ -223,6 +234,29 @@ class AdapterTable:
         ready = sorted((a for a in self._adapters.values() if a.state in ("ready", "unloading")
                         and a not in self._load), key=lambda a: a.id)
         self._load = ready + self._load
+
+
+def check_files(model: str, specs: list[LoraSpec]) -> None:
+    """Before the weights load: every ``--lora`` file exists."""
+    for spec in specs:
+        if not os.path.exists(spec.path):
+            raise ConfigError(f"model {model!r}: --lora {spec.name}: {spec.path} does not exist")
+
+
+def load_configured(loop, engine_name: str, specs: list[LoraSpec], timeout: float = 300.0) -> None:
+    """Load a model's ``--lora`` adapters through its first ticks (ids 0, 1, ... in order); a
+    file the engine cannot load, or an engine that serves no adapters, is a ConfigError."""
+    if not specs:
+        return
+    if getattr(loop.engine.capabilities, "adapters", "none") == "none":
+        raise ConfigError(f"model {loop.name!r}: engine {engine_name!r} serves no LoRA adapters; drop --lora "
+                          "or serve the model with an engine that does (llamacpp, mlx, basert)")
+    check_files(loop.name, specs)
+    for spec in specs:
+        try:
+            loop.load_adapter(spec.name, spec.path, spec.scale, timeout=timeout)
+        except SuperfluidError as exc:
+            raise ConfigError(f"model {loop.name!r}: --lora {spec.name}={spec.path}: {exc}") from None
 
 
 def adapters_in_use(lanes, queue) -> set[str]:

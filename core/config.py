@@ -13,6 +13,7 @@ from typing import Any, Mapping, Protocol
 
 import attrs
 
+from .adapters import lora_options
 from .errors import ConfigError, SuperfluidError
 from .kv_context_options import kv_context_options
 from .options import CORE, Check, Option, PluginOptions, Schema, in_range, parse_fraction  # noqa: F401
@@ -83,6 +84,7 @@ def core_options() -> list[Option]:
         Option("max-context", int, 0, "per-lane context window in tokens (0: the model's, at most 8192)",
                in_range(0, 1 << 20), model_scoped=True, metavar="N"),
         *kv_context_options(),  # kv-bits, rope-*, yarn-*, allow-long-context: every engine reads them
+        *lora_options(),  # --lora NAME=PATH[:SCALE] (core/adapters.py)
         Option("prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 selects the adaptive controller",
                in_range(64, 4096, also=(0,)), model_scoped=True, metavar="N"),
         Option("tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 scales with the grant",

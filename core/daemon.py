@@ -12,6 +12,7 @@ from typing import Callable
 
 import attrs
 
+from .adapters import check_files, load_configured
 from .config import CORE_OPTIONS, Config, ModelConfig
 from .default_model import NAME as DEFAULT_MODEL_NAME, default_model_path
 from .engine import Engine, EngineRegistry
@@ -86,6 +87,7 @@ class Daemon:
 
     def load_model(self, mc: ModelConfig, progress: Callable[[str], None] | None = None) -> ModelRuntime:
         self.chat_setup(mc, None)  # the options themselves are valid
+        check_files(mc.name, CORE_OPTIONS.of(mc).lora)  # before the weights load
         engine = self.registry.create(mc.engine, model=mc, config=self.config)
         engine.start(progress)
         chat = self.chat_setup(mc, engine.info.chat_template)
@@ -105,6 +107,12 @@ class Daemon:
         self.hook.superfluid_add_pressure_sources(register=sources.append, config=self.config)
         loop = ModelLoop(mc.name, engine, self.hook, settings, pressure_sources=sources)
         loop.start()
+        try:
+            load_configured(loop, mc.engine, core.lora)  # --lora: through the loop's first ticks
+        except Exception:
+            loop.close(timeout=1)
+            engine.close()
+            raise
         runtime = ModelRuntime(config=mc, engine=engine, loop=loop, chat=chat)
         self.models[mc.name] = runtime
         log.info("model %s ready: engine %s, %d lanes, context %d", mc.name, mc.engine,
@@ -122,6 +130,8 @@ class Daemon:
             raise ServiceUnavailable("the server is shutting down; retry on its successor",
                                      code="shutting_down", headers={"Retry-After": RETRY_AFTER_S})
         runtime = self.models.get(name) if name else next(iter(self.models.values()), None)
+        if runtime is None and name:  # MODEL:ADAPTER, a LoRA adapter of a served model (vLLM's way)
+            runtime = self._adapter_model(name)
         if runtime is not None and runtime.state == "ready":
             return runtime
         if runtime is not None or name in self.unloaded or name in self.loading or (not name and self.unloaded):
@@ -129,6 +139,21 @@ class Daemon:
                                    "retry later", param="model", headers={"Retry-After": RETRY_AFTER_S})
         raise ModelNotFound(f"The model {name!r} does not exist; served models: "
                             f"{', '.join(self.models) or 'none'}", param="model")
+
+    def _adapter_model(self, name: str) -> ModelRuntime | None:
+        base, sep, adapter = name.rpartition(":")
+        runtime = self.models.get(base) if sep else None
+        return runtime if runtime is not None and runtime.loop.adapters.get(adapter) is not None else None
+
+    def model_and_adapters(self, name: str) -> tuple[ModelRuntime | None, tuple]:
+        """The served model a name means and the LoRA set it selects: a session opened on
+        ``MODEL:ADAPTER`` keeps its KV (seal, park, restore) under that adapter's set only."""
+        runtime = self.models.get(name)
+        if runtime is not None:
+            return runtime, ()
+        runtime = self._adapter_model(name)
+        adapter = runtime.loop.adapters.get(name.rpartition(":")[2]) if runtime is not None else None
+        return (runtime, ((adapter.name, adapter.scale),)) if adapter is not None else (None, ())
 
     def model_states(self) -> dict[str, str]:
         states = {name: rt.state for name, rt in list(self.models.items())}
@@ -221,7 +246,7 @@ class Daemon:
         for session in list(self.sessions.sessions.values()):
             if session.state != "open" or not session.prompt_tokens:
                 continue
-            runtime = self.models.get(session.model)
+            runtime, adapters = self.model_and_adapters(session.model)
             if runtime is None or not CORE_OPTIONS.of(runtime.config).park:
                 continue
             lock = self._seal_lock(session)
@@ -229,7 +254,7 @@ class Daemon:
                 continue
             try:
                 tokens = runtime.loop.save_prefix(session.prompt_tokens,
-                                                  self.sessions.artifact_path(session.id), timeout=10)
+                                                  self.sessions.artifact_path(session.id), timeout=10, adapters=adapters)
                 if tokens:
                     self.sessions.parked(session, tokens)
                     saved += 1
@@ -242,13 +267,13 @@ class Daemon:
         KV cached) to its park artifact, the path an explicit park and the shutdown take, so a
         daemon killed afterwards restores the session warm. The session stays open. Blocks until
         the tick that writes it; tokens sealed (0: nothing, e.g. no --park or no state dir)."""
-        runtime = self.models.get(session.model)
+        runtime, adapters = self.model_and_adapters(session.model)
         path = self.sessions.artifact_path(session.id)
         if (runtime is None or path is None or not CORE_OPTIONS.of(runtime.config).park
                 or not session.prompt_tokens or session.state == "closed"):
             return 0
         with self._seal_lock(session):
-            tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
+            tokens = runtime.loop.save_prefix(session.prompt_tokens, path, adapters=adapters)
             if tokens and session.state == "closed":  # closed while it was written: not kept
                 self.sessions._drop_artifact(session)
                 return 0
@@ -263,13 +288,13 @@ class Daemon:
 
     def park_session(self, session) -> int:
         """Park a session: its KV goes to its park artifact when it can. Tokens saved."""
-        runtime = self.models.get(session.model)
+        runtime, adapters = self.model_and_adapters(session.model)
         tokens = None
         path = self.sessions.artifact_path(session.id)
         with self._seal_lock(session):
             if (runtime is not None and path is not None and CORE_OPTIONS.of(runtime.config).park
                     and session.prompt_tokens):
-                tokens = runtime.loop.save_prefix(session.prompt_tokens, path)
+                tokens = runtime.loop.save_prefix(session.prompt_tokens, path, adapters=adapters)
             self.sessions.parked(session, tokens)
         return len(session.artifact_tokens or []) if tokens else 0
 

@@ -24,6 +24,7 @@ from .info.routes import InfoRoutes
 from .input_limits import LIMITS, Limits, guard
 from .keys import auth
 from .keys.policy import PolicyFile
+from .manage.adapters import AdapterRoutes
 from .manage.admin import AdminRoutes
 from .manage.sessions import SessionRoutes
 from .openai.embeddings import EmbeddingRoutes
@@ -71,6 +72,7 @@ def build_app(daemon, config, catchup: LoopCatchup | None = None,
     TokenizeRoutes(daemon).add_to(app)
     ApplyTemplateRoutes(openai).add_to(app)  # /apply-template: the prompt a chat body renders to
     AdminRoutes(daemon).add_to(app)
+    AdapterRoutes(daemon).add_to(app)  # LoRA adapters: /admin/models/{name}/adapters, /lora-adapters
     InfoRoutes(daemon, aliases).add_to(app)
     events = events if events is not None else EventHub(daemon, keys)
     # the key limiter reports each key's requests, tokens and rejections to /events too

@@ -56,9 +56,21 @@ class InfoRoutes:
                 "type": "model", "display_name": name, "created_at": created,
                 "max_input_tokens": ctx, "max_tokens": ctx, "meta": meta}
 
+    def _adapter_entries(self, name: str, rt) -> list[dict]:
+        """A model's LoRA adapters, each a model ``NAME:ADAPTER`` whose ``parent`` is the model
+        and ``root`` the adapter's file, as vLLM lists them."""
+        out = []
+        for adapter in rt.loop.adapters.served():
+            entry = self._entry(f"{name}:{adapter.name}", rt)
+            entry.update(parent=name, root=adapter.path)
+            entry["meta"].update(lora={"id": adapter.id, "name": adapter.name, "scale": adapter.scale})
+            out.append(entry)
+        return out
+
     def _entries(self) -> list[dict]:
         models = dict(self.daemon.models)
         data = [self._entry(name, rt) for name, rt in models.items()]
+        data += [e for name, rt in models.items() for e in self._adapter_entries(name, rt)]
         data += [self._entry(a.name, models[a.model], a) for a in self.aliases if a.model in models]
         return data
 

@@ -17,6 +17,7 @@ from superfluid.core.formats.conversation import Conversation
 from superfluid.core.sessions import SessionConflict, SessionNotFound
 
 from ..aliases import served_name
+from ..lora import named_adapter
 from ..body import read_as
 from ..info.metrics import METRICS
 from ..keys.auth import applied_class, check_model, may_see, note_class, request_key
@@ -47,7 +48,8 @@ class SessionRoutes:
 
     async def create(self, request: web.Request) -> web.Response:
         req = await read_as(request, SessionCreateRequest)
-        runtime = self.daemon.get(served_name(request, req.model))
+        served = served_name(request, req.model)
+        runtime = self.daemon.get(served)
         check_model(request, runtime.name)
         if req.qos is not None:
             cls = applied_class(request, self.config, asked=req.qos)
@@ -55,7 +57,8 @@ class SessionRoutes:
             cls = request_class(request, self.config, otherwise=self.openai.preparer.aliases.qos(req.model))
         note_class(request, cls)
         key = request_key(request)  # the session belongs to the key that opened it
-        session = self.store.create(runtime.name, cls, req.system or None, pin_system=req.pin_system,
+        # a session on MODEL:ADAPTER keeps that name: its turns, and its KV, are the adapter's
+        session = self.store.create(served if named_adapter(runtime, served) else runtime.name, cls, req.system or None, pin_system=req.pin_system,
                                     owner=key.name if key is not None else None)
         self._pin(session, runtime)
         return web.json_response(session.view(), status=201)
@@ -83,7 +86,7 @@ class SessionRoutes:
     async def close(self, request: web.Request) -> web.Response:
         session = self._usable(request, request.match_info["sid"], idle=True)
         self.store.close(session)
-        runtime = self.daemon.models.get(session.model)
+        runtime = self.daemon.model_and_adapters(session.model)[0]
         if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.loop:
             runtime.loop.pin_prefix(session.pinned_tokens, pin=False)
         session.pinned_by = None
@@ -127,7 +130,7 @@ class SessionRoutes:
         the background (the next tick writes it), so a daemon killed afterwards restores it warm."""
         if self.store.dir is None:
             return
-        runtime = self.daemon.models.get(session.model)
+        runtime = self.daemon.model_and_adapters(session.model)[0]
         if runtime is None or not CORE_OPTIONS.of(runtime.config).park:
             return
 
@@ -149,7 +152,8 @@ class SessionRoutes:
         self._pin(session, runtime)
         if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
             # restored instead of prefilled (again after a reload: the old host tier is gone)
-            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id)):
+            adapters = self.daemon.model_and_adapters(session.model)[1]  # the artifact's LoRA set
+            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id), adapters):
                 session.artifact_adopted_by = runtime.loop
         self.store.resumed(session)
 

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from ..extension import Extension
 from ..input_limits import STOP_CAP
+from ..lora import LoraField
 from ..typed import NamedByField, RequestBody, fail
 
 MAX_CHOICES = 16  # n: each choice is a lane of its own, so a request may not take a whole server
@@ -41,6 +42,9 @@ class GenerationFields(RequestBody):
                           "-100..100; 400 if the model's engine cannot bias logits")
     ignore_eos: bool | None = False
     cache_prompt: bool | None = Field(True, description="false: prefill the whole prompt")
+    lora: LoraField = Field(None, description="llama-server's per-request LoRA adapters, [{id, scale}]: id as GET "
+                                               "/lora-adapters lists it (or the adapter's name); unlisted adapters get "
+                                               "scale 0. A model name MODEL:ADAPTER selects one too")
     superfluid: Extension | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = Field(1.0, description="0 is greedy")
     top_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = 1.0

@@ -30,6 +30,7 @@ from ..openai.chat_protocol import ChatFields
 from ..openai.protocol import CompletionRequest, InfillRequest
 from . import logprob_format, params, reply_read, response_format, tool_plan
 from ..aliases import Aliases
+from ..lora import request_adapters
 from .fim import FIM_CLASS, FimPolicy, fim_prompt
 from .image_prompt import tokenize_with_images
 from .qos_class import batch_invariant, request_class
@@ -263,6 +264,7 @@ class Preparer:
         sampling = thinking_budget(req, runtime, thinks, sampling)
         stop = params.stop_strings(req) + tools.stop
         named = getattr(req, "model", None) or model
+        adapters = request_adapters(runtime, self.aliases.model(named), getattr(req, "lora", None))
         # the header is validated also when overridden
         cls = request_class(request, self.config, req.superfluid, otherwise=self.aliases.qos(named))
         if fim or qos is not None:  # a session's class, or FIM's: capped at the key's class too
@@ -273,7 +275,7 @@ class Preparer:
             prompt_tokens=tokens, max_tokens=max(limit, 1), sink=bridge, sampling=sampling, stop=stop,
             ignore_eos=bool(req.ignore_eos), batch_invariant=invariant, media=media, reuse_prefix=req.cache_prompt is not False,
             streamed=stream, qos=cls, start_deadline=self.fim.deadline(arrived) if fim else None,
-            prompt_logprobs=asked.logprobs if asked.echo else None,
+            prompt_logprobs=asked.logprobs if asked.echo else None, adapters=adapters,
             arrived=arrived, meta=_meta(kind, fim, sampling, tools, _tenant(key, req)))
         requests = (first, *(_sibling(first, bridge, i) for i in range(1, n)))
         echo = _echo_text(runtime, tokens) if asked.echo else None
