@@ -76,3 +76,13 @@ def apply(cparams, settings: ContextSettings) -> None:
     cparams.yarn_beta_fast = settings.yarn_beta_fast
     cparams.yarn_beta_slow = settings.yarn_beta_slow
 
+
+
+def describe_context(settings: ContextSettings) -> str:
+    """The ready line's words for the KV types and any rope setting."""
+    words = [f"K {settings.type_k}, V {settings.type_v}" + (" (--kv-bits)" if settings.quantized else "")]
+    if settings.rope_scaling is not None or settings.rope_freq_scale:
+        words.append("rope scaling " + (settings.rope_scaling or "the model's")
+                     + (f" x{1 / settings.rope_freq_scale:g}" if settings.rope_freq_scale else "")
+                     + (f" from {settings.yarn_orig_ctx}" if settings.yarn_orig_ctx else ""))
+    return ", ".join(words)

@@ -18,7 +18,7 @@ from superfluid.core.worker_process import WorkerEngine, WorkerExited, WorkerPro
 from superfluid.core.media import find_mmproj
 
 from . import extra_buffers, rank, vision, worker
-from .context_params import context_settings
+from .context_params import context_settings, describe_context
 from .options import FLASH_ATTN, OPTIONS
 from superfluid.plugins.vocab.gguf import Vocab
 
@@ -110,8 +110,9 @@ class LlamaCppEngine(WorkerEngine):
                     raise
                 raise self._safe_settings_died(again) from None
         self._declare_layout(info)
-        log.info("model %s: worker pid %s ready (%s; weights in %s)", self.info.name, info["pid"],
+        log.info("model %s: worker pid %s ready (%s; %s; weights in %s)", self.info.name, info["pid"],
                  info.get("kv_line") or f"{info['n_ctx']} cells, {info['n_seq_max']} sequences",
+                 describe_context(self.context),
                  ", ".join(f"{k} {v:g} MiB" for k, v in info.get("weight_buffers", {}).items()) or "?")
         if info.get("kv_bytes_logged") and info.get("kv_bytes_computed") != info.get("kv_bytes"):
             log.warning("model %s: llama.cpp allocated %.2f MiB of KV, where the model's declared shape gives "
