@@ -250,7 +250,7 @@ def load_configured(loop, engine_name: str, specs: list[LoraSpec], timeout: floa
         return
     if getattr(loop.engine.capabilities, "adapters", "none") == "none":
         raise ConfigError(f"model {loop.name!r}: engine {engine_name!r} serves no LoRA adapters; drop --lora "
-                          "or serve the model with an engine that does (llamacpp, mlx, basert)")
+                          "or serve the model with an engine that does")
     check_files(loop.name, specs)
     for spec in specs:
         try:
