@@ -27,7 +27,9 @@ class BlockLedger:
 
     def __init__(self, model: str, block_size: int):
         self.block_size = block_size
+        self.model = model
         self.root = root_hash(model, block_size)
+        self._roots: dict[tuple, int] = {(): self.root}  # per LoRA adapter set: its blocks are other blocks
         self._held: dict[tuple[str, object], list[int]] = {}   # (medium, holder) -> its chain
         self._refs: dict[str, dict[int, int]] = {m: {} for m in MEDIA}  # medium -> hash -> holders
 
@@ -40,7 +42,7 @@ class BlockLedger:
         out: list[WireEvent] = []
         for ev in events:
             if ev.kind == "stored":
-                self._store(ev.medium, ev.holder, ev.tokens[:ev.length], out)
+                self._store(ev.medium, ev.holder, ev.tokens[:ev.length], out, getattr(ev, "adapters", ()))
             elif ev.kind == "removed":
                 self._remove(ev.medium, ev.holder, out)
             elif ev.kind == "cleared":
@@ -53,8 +55,17 @@ class BlockLedger:
                     self._clear(ev.medium, out)
         return out
 
-    def _store(self, medium: str, holder, tokens: list[int], out: list[WireEvent]) -> None:
-        hashes = block_hashes(self.root, tokens, self.block_size)
+    def _root(self, adapters: tuple) -> int:
+        """The chain's root for KV computed under a LoRA adapter set: the same tokens under
+        another adapter are other blocks (a router must not send them where they are not)."""
+        root = self._roots.get(adapters)
+        if root is None:
+            key = ",".join(f"{name}@{scale:g}" for name, scale in adapters)
+            root = self._roots[adapters] = root_hash(f"{self.model}\x00lora:{key}", self.block_size)
+        return root
+
+    def _store(self, medium: str, holder, tokens: list[int], out: list[WireEvent], adapters: tuple = ()) -> None:
+        hashes = block_hashes(self._root(adapters), tokens, self.block_size)
         refs = self._refs[medium]
         new = []
         for i, h in enumerate(hashes):  # take the new chain before letting the old one go
@@ -72,7 +83,8 @@ class BlockLedger:
             out.append(BlockStored(block_hashes=hashes[first:last + 1],
                                    parent_block_hash=hashes[first - 1] if first else None,
                                    token_ids=list(tokens[first * bs:(last + 1) * bs]),
-                                   block_size=bs, medium=MEDIA[medium]))
+                                   block_size=bs, medium=MEDIA[medium],
+                                   lora_name=",".join(name for name, _ in adapters) or None))
             start = end + 1
         self._release(medium, self._held.pop((medium, holder), None), out)
         if hashes:

@@ -69,3 +69,16 @@ def test_slot_cache_and_host_tier_match_only_the_same_set():
     assert host.best(PROMPT + [1], A) == (key, len(PROMPT))
     assert host.best(PROMPT + [1], B) == (None, 0)
     assert host.best(PROMPT + [1]) == (None, 0)
+
+
+def test_kv_events_name_the_adapter_and_hash_its_blocks_apart():
+    """KV events (plugins/kvevents): a prefix held under an adapter is published with its
+    lora_name, under other block hashes than the same tokens of the base model."""
+    from superfluid.core.cache_events import CacheEvent
+    from superfluid.plugins.kvevents.blocks import BlockLedger
+
+    ledger = BlockLedger("m", 16)
+    base = ledger.apply([CacheEvent("stored", "gpu", 0, PROMPT, 64)])
+    lora = ledger.apply([CacheEvent("stored", "gpu", 1, PROMPT, 64, A)])
+    assert base[0].lora_name is None and lora[0].lora_name == "a"
+    assert not set(base[0].block_hashes) & set(lora[0].block_hashes)
