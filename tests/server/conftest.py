@@ -61,3 +61,13 @@ def server(start_server) -> ServerProcess:
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora() -> dict:
+    """The LoRA fixture's paths (tools/fixtures/tiny_lora.py: adapters ``a`` and ``b`` on SmolLM2 as
+    PEFT dirs ``a_peft``/``b_peft`` and GGUFs ``a_gguf``/``b_gguf``, ``base_hf``, ``base_gguf``, and
+    ``wrong_gguf`` for another base), built once per cache."""
+    from tools.fixtures.tiny_lora import build
+
+    return build()
