@@ -12,6 +12,7 @@ ERRORS = {400: "invalid request: the message and param name the field",
            401: "no or unknown API key", 403: "the key (or server) does not allow this",
            404: "unknown model, session or route", 405: "method not allowed on this route",
            409: "the session is closed or busy", 413: "body over 64 MiB",
+           422: "well formed, but the engine could not carry it out (a LoRA file that is no adapter of the model)",
            429: "rate limited; Retry-After says when to retry",
            500: "the engine failed while running the request",
            503: "model unloaded or loading, server shutting down, or start deadline exceeded; "

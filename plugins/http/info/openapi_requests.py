@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic.json_schema import models_json_schema
 
+from ..manage.adapters import AdapterLoadRequest, AdapterUnloadRequest
 from ..manage.protocol import (LoadRequest, SessionCreateRequest, SessionQosRequest, SessionTurnRequest,
                                UnloadRequest)
 from ..openai.chat_protocol import ChatCompletionRequest
@@ -26,7 +27,8 @@ REF = "#/components/schemas/{model}"
 REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRequest, TokenizeRequest,
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
             LoadRequest, ResponsesRequest, ResponsesInputTokensRequest, MessagesRequest, CountTokensRequest,
-            OllamaChatRequest, OllamaGenerateRequest, OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest)
+            OllamaChatRequest, OllamaGenerateRequest, OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest,
+            AdapterLoadRequest, AdapterUnloadRequest)
 
 
 def openapi30(node):
