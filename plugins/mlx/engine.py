@@ -14,7 +14,7 @@ from superfluid.core.engine import EngineCapabilities
 from superfluid.core.errors import ConfigError
 from superfluid.core.worker_process import WorkerEngine, WorkerProcess
 
-from . import kv_width, vision, worker
+from . import kv_width, rope_config, vision, worker
 from .constants import HIDDEN_STATE_MODELS
 from superfluid.plugins.vocab import open_vocab
 
@@ -36,6 +36,7 @@ def _evolved(caps: EngineCapabilities, **kw) -> EngineCapabilities:
 
 class MlxEngine(WorkerEngine):
     engine_name = "mlx"
+    implements_rope_scaling = True  # rope_config: the options become the config mlx-lm builds its RoPE from
 
     def __init__(self, *, model, config):
         missing = [m for m in ("mlx", "mlx_lm") if importlib.util.find_spec(m) is None]
@@ -63,6 +64,16 @@ class MlxEngine(WorkerEngine):
             vocab.close()
             raise
         self._take_vocab(model, vocab, DEFAULT_MAX_CONTEXT)
+        try:
+            self.rope = rope_config.overrides(CORE_OPTIONS.of(model), self.path, self.info.n_ctx_train, model.name)
+        except (ConfigError, OSError, ValueError) as exc:
+            self.vocab.close()
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"model {model.name!r}: engine 'mlx' cannot read config.json for the rope options "
+                              f"({exc})") from None
+        if self.rope:
+            log.info("model %s: rope from the options: %s", model.name, self.rope)
         self.pool_cells = int(CORE_OPTIONS.of(model).kv_pool_cells or 0)  # a shared pool's (pool.py)
         if self.pool_cells and self.pool_cells < self.max_context:
             raise ConfigError(f"model {model.name!r}: kv-pool-cells {self.pool_cells} is below max-context "
@@ -104,7 +115,7 @@ class MlxEngine(WorkerEngine):
         spec = worker.WorkerSpec(path=self.path, max_lanes=self.max_lanes, max_context=self.max_context,
                                  eog=frozenset(self.vocab.eog), vision=self.vision, pool_cells=self.pool_cells,
                                  image_encoding=CORE_OPTIONS.of(self.model_config).image_encoding,
-                                 kv_bits=self.kv_bits)
+                                 kv_bits=self.kv_bits, rope=self.rope)
         info = self.worker.start(worker.main, spec, progress, name=f"superfluid-mlx-{self.info.name}")
         # the slots beyond the lanes keep recently finished prefixes; a shared pool's cached
         # prefixes take cells the lanes could use (core.engine.EngineCapabilities says how each is used)

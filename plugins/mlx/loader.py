@@ -109,8 +109,9 @@ def rename_gguf(weights: dict) -> dict:
     return out
 
 
-def load_gguf(path: str):
-    """(model, metadata) for a llama-family GGUF whose tensors are F32/F16/Q4_0/Q4_1/Q8_0."""
+def load_gguf(path: str, rope: dict | None = None):
+    """(model, metadata) for a llama-family GGUF whose tensors are F32/F16/Q4_0/Q4_1/Q8_0; ``rope``:
+    model-argument fields laid over the file's (rope_config.overrides)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models import llama
@@ -120,7 +121,7 @@ def load_gguf(path: str):
     except Exception as exc:  # mx.load raises on k-quants and other types it cannot read
         raise ModelLoadError(f"MLX cannot read {path}: {exc} (the MLX engine reads GGUF tensors in "
                              "F32, F16, Q4_0, Q4_1 and Q8_0 only)") from None
-    args = llama.ModelArgs(**gguf_model_args(meta, raw))
+    args = llama.ModelArgs(**{**gguf_model_args(meta, raw), **(rope or {})})
     weights = rename_gguf(raw)
     model = llama.Model(args)
 
@@ -139,8 +140,9 @@ def load_gguf(path: str):
     return model, meta
 
 
-def load_directory(path: str):
-    """(model, config) for an mlx-lm model directory (HF safetensors or MLX-converted)."""
+def load_directory(path: str, rope: dict | None = None):
+    """(model, config) for an mlx-lm model directory (HF safetensors or MLX-converted); ``rope``:
+    config fields laid over its config.json's (and its text_config's), rope_config.overrides."""
     import json
     from pathlib import Path
 
@@ -148,7 +150,12 @@ def load_directory(path: str):
 
     with open(os.path.join(path, "config.json")) as fh:
         config = json.load(fh)
-    model, config = load_model(Path(path), model_config=transformers5_fields(config) or None)
+    fields = transformers5_fields(config)
+    if rope:
+        fields.update(rope)
+        if isinstance(config.get("text_config"), dict):
+            fields["text_config"] = {**config["text_config"], **fields.get("text_config", {}), **rope}
+    model, config = load_model(Path(path), model_config=fields or None)
     return model, config
 
 
@@ -189,8 +196,8 @@ def is_model_directory(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
 
 
-def load(path: str):
-    """The model for a path: a GGUF file or an mlx-lm directory."""
+def load(path: str, rope: dict | None = None):
+    """The model for a path: a GGUF file or an mlx-lm directory (``rope``: the rope options' fields)."""
     if is_model_directory(path):
-        return load_directory(path)[0]
-    return load_gguf(path)[0]
+        return load_directory(path, rope)[0]
+    return load_gguf(path, rope)[0]

@@ -162,9 +162,9 @@ class Encoder:
         return np.array(rows.reshape(-1, rows.shape[-1]).astype(mx.float32))
 
 
-def _language_half(vlm):
+def _language_half(vlm, rope: dict | None = None):
     """mlx-lm's ``llama.Model`` holding the VLM's language half (its arrays, quantized as mlx-vlm
-    loaded them)."""
+    loaded them); ``rope``: the rope options' fields (rope_config.overrides)."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -182,6 +182,8 @@ def _language_half(vlm):
         max_position_embeddings=tc.max_position_embeddings, rope_theta=tc.rope_theta,
         rope_traditional=tc.rope_traditional,
         tie_word_embeddings=False)  # mlx-vlm's language half always holds its own lm_head
+    if rope:
+        args = llama.ModelArgs(**{**vars(args), **rope})
     model = llama.Model(args)
     source = vlm.language_model
 
@@ -203,7 +205,7 @@ def _language_half(vlm):
     return model
 
 
-def load(path: str):
+def load(path: str, rope: dict | None = None):
     """(language model, :class:`Encoder`) for a SmolVLM / Idefics3 directory."""
     import mlx.core as mx
     from pathlib import Path
@@ -217,6 +219,6 @@ def load(path: str):
         raise ModelLoadError(f"{path}: mlx-vlm built a {type(vlm).__module__} model, not an Idefics3 / SmolVLM")
     pre = read_preprocessor(path) or {}
     encoder = Encoder(vlm, pre.get("image_mean") or DEFAULT_MEAN, pre.get("image_std") or DEFAULT_STD, tiling(path))
-    model = _language_half(vlm)
+    model = _language_half(vlm, rope)
     mx.eval(model.parameters())
     return model, encoder

@@ -29,6 +29,7 @@ class WorkerSpec:
     shared_pool_fraction: float = 0.6
     image_encoding: str = "admission"  # images encode on a background thread ("tick": on the tick)
     kv_bits: int = 0      # 8 or 4: mlx-lm's QuantizedKVCache on every layer (kv_cells); 0: full width
+    rope: dict = attrs.field(factory=dict)  # rope_scaling / rope_theta laid over the model's config (rope_config)
 
 
 def logit_rows(model) -> int | None:
@@ -50,9 +51,9 @@ def main(conn, stop_flag: StopFlag, spec: WorkerSpec) -> None:
         if spec.vision:
             from . import vision
 
-            model, encoder = vision.load(spec.path)
+            model, encoder = vision.load(spec.path, spec.rope)
         else:
-            model = loader.load(spec.path)
+            model = loader.load(spec.path, spec.rope)
         conn.send(("progress", 90))
         # Built once here, so a constrained lane's first tick does not pay for it.
         constrainer = VocabConstrainer(spec.path, logit_rows(model), spec.eog)
