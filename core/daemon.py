@@ -254,7 +254,7 @@ class Daemon:
                 continue
             try:
                 tokens = runtime.loop.save_prefix(session.prompt_tokens,
-                                                  self.sessions.artifact_path(session.id), timeout=10, adapters=adapters)
+                                                  self.sessions.artifact_path(session.id), timeout=10, **_lora(adapters))
                 if tokens:
                     self.sessions.parked(session, tokens)
                     saved += 1
@@ -273,7 +273,7 @@ class Daemon:
                 or not session.prompt_tokens or session.state == "closed"):
             return 0
         with self._seal_lock(session):
-            tokens = runtime.loop.save_prefix(session.prompt_tokens, path, adapters=adapters)
+            tokens = runtime.loop.save_prefix(session.prompt_tokens, path, **_lora(adapters))
             if tokens and session.state == "closed":  # closed while it was written: not kept
                 self.sessions._drop_artifact(session)
                 return 0
@@ -294,7 +294,7 @@ class Daemon:
         with self._seal_lock(session):
             if (runtime is not None and path is not None and CORE_OPTIONS.of(runtime.config).park
                     and session.prompt_tokens):
-                tokens = runtime.loop.save_prefix(session.prompt_tokens, path, adapters=adapters)
+                tokens = runtime.loop.save_prefix(session.prompt_tokens, path, **_lora(adapters))
             self.sessions.parked(session, tokens)
         return len(session.artifact_tokens or []) if tokens else 0
 
@@ -307,6 +307,11 @@ class Daemon:
             runtime.loop.close()
             runtime.engine.close()
         self.models.clear()
+
+
+def _lora(adapters: tuple) -> dict:
+    """``save_prefix``'s adapters argument, given only for a session on an adapter."""
+    return {"adapters": adapters} if adapters else {}
 
 
 def print_progress(message: str) -> None:

@@ -153,7 +153,8 @@ class SessionRoutes:
         if session.artifact_tokens and session.artifact_adopted_by is not runtime.loop:
             # restored instead of prefilled (again after a reload: the old host tier is gone)
             adapters = self.daemon.model_and_adapters(session.model)[1]  # the artifact's LoRA set
-            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id), adapters):
+            lora = {"adapters": adapters} if adapters else {}
+            if runtime.loop.adopt_prefix(session.artifact_tokens, self.store.artifact_path(session.id), **lora):
                 session.artifact_adopted_by = runtime.loop
         self.store.resumed(session)
 
