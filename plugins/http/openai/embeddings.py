@@ -22,6 +22,7 @@ from superfluid.core.errors import ContextLengthExceeded, EngineFailure, Invalid
 from superfluid.core.request import Request
 
 from ..aliases import served_name
+from ..lora import request_adapters
 from ..access_log import log_generation
 from ..body import read_as
 from ..bridge import EventBridge
@@ -100,25 +101,28 @@ class EmbeddingRoutes:
     async def embed(self, request: web.Request, req: EmbeddingRequest, arrived: float) -> dict:
         """The OpenAI embeddings body for a typed request: what ``/v1/embeddings`` answers, and
         what another API's embedding route (Ollama's) translates."""
-        runtime = self.daemon.get(served_name(request, req.model))
+        served = served_name(request, req.model)
+        runtime = self.daemon.get(served)
         check_model(request, runtime.name)
+        adapters = request_adapters(runtime, served, None)  # MODEL:ADAPTER embeds under that LoRA adapter
         runtime.loop.check_serves(embed=True)  # before tokenizing inputs it would not embed
         fmt = req.encoding_format
         check_dimensions(req, runtime.engine.info.n_embd, runtime.name)
         prompts = tokens_of(runtime, req.inputs)
         check_context(prompts, runtime.loop.settings.context_length)
-        vectors, counted = await self.pooled(request, runtime, prompts, req.superfluid, arrived)
+        vectors, counted = await self.pooled(request, runtime, prompts, req.superfluid, arrived, adapters=adapters)
         data = [{"object": "embedding", "index": i, "embedding": encode(v, fmt)} for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": runtime.name,
                 "usage": {"prompt_tokens": counted, "total_tokens": counted}}
 
     async def pooled(self, request: web.Request, runtime, prompts: list[list[int]], extension, arrived: float, *,
-                     rank: bool = False, what: str = "input") -> tuple[list[tuple], int]:
+                     rank: bool = False, what: str = "input", adapters: tuple = ()) -> tuple[list[tuple], int]:
         """Run checked ``prompts`` as embedding lanes under the request's QoS class (``extension``:
         its ``superfluid`` field), key, budgets and lane limits, logged as one request: (each
         prompt's vector in order, the prompt tokens counted). ``rank``: a reranker's lanes
         (Request.rank), whose vectors are its head's scores; ``what`` names a prompt in errors
-        (``input[3]``). What /v1/embeddings and /v1/rerank share."""
+        (``input[3]``); ``adapters``: the LoRA set they run under. What /v1/embeddings and
+        /v1/rerank share."""
         cls = note_class(request, request_class(request, self.config, extension))
         key = request_key(request)
         if key is not None:
@@ -127,7 +131,7 @@ class EmbeddingRoutes:
         with door_time():
             ticket = self.key_limits.admit(key, n_prompt)
         status, finish = 500, "error"
-        batch = _Batch(runtime, prompts, cls, arrived, self.catchup, rank=rank, what=what)
+        batch = _Batch(runtime, prompts, cls, arrived, self.catchup, rank=rank, what=what, adapters=adapters)
         try:
             vectors, counted = await batch.run()
             status, finish = 200, "stop"
@@ -150,8 +154,9 @@ class _Batch:
     first failure (or the client leaving) cancels the rest."""
 
     def __init__(self, runtime, prompts: list[list[int]], qos: str, arrived: float, catchup=None, *,
-                 rank: bool = False, what: str = "input"):
+                 rank: bool = False, what: str = "input", adapters: tuple = ()):
         self.runtime, self.prompts, self.qos, self.arrived = runtime, prompts, qos, arrived
+        self.adapters = adapters
         self.catchup = catchup
         self.rank, self.what = rank, what  # reranker lanes; how errors name a prompt
         self.window = asyncio.Semaphore(max(1, runtime.engine.capabilities.max_lanes))
@@ -174,7 +179,7 @@ class _Batch:
             scheduler = self.runtime.loop
             bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=True, catchup=self.catchup)
             req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True, rank=self.rank,
-                          reuse_prefix=False, arrived=self.arrived, meta={"embedding": True})
+                          reuse_prefix=False, arrived=self.arrived, meta={"embedding": True}, adapters=self.adapters)
             try:
                 scheduler.submit(req)  # a prompt longer than the context is refused here
             except ContextLengthExceeded as exc:
