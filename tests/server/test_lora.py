@@ -31,9 +31,9 @@ SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
 
 
 @pytest.fixture(scope="module")
-def fixture_paths():
-    tiny_lora = pytest.importorskip("tools.fixtures.tiny_lora")
-    return tiny_lora.build()
+def fixture_paths(tiny_lora):
+    """tools/fixtures/tiny_lora.py's files (conftest's ``tiny_lora``)."""
+    return tiny_lora
 
 
 @pytest.fixture(scope="module")
