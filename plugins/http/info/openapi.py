@@ -17,6 +17,7 @@ from ..anthropic.openapi import paths as anthropic_paths
 from ..responses.openapi import paths as responses_paths
 from ..ollama.openapi import paths as ollama_paths
 from ..manage.adapters_openapi import paths as adapter_paths
+from ..rerank.openapi import paths as rerank_paths
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -129,6 +130,7 @@ def _paths() -> dict:
         **responses_paths(),  # /v1/responses… (responses/openapi.py)
         **anthropic_paths(),  # /v1/messages… (anthropic/openapi.py)
         **ollama_paths(),  # /api/… (ollama/openapi.py)
+        **rerank_paths(),  # /v1/rerank, /v1/score… (rerank/openapi.py)
         **adapter_paths(),  # LoRA adapters: /admin/models/{name}/adapters…, /lora-adapters
     }
 

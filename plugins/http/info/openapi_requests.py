@@ -15,6 +15,7 @@ from ..manage.adapters import AdapterLoadRequest, AdapterUnloadRequest
 from ..manage.protocol import (LoadRequest, SessionCreateRequest, SessionQosRequest, SessionTurnRequest,
                                UnloadRequest)
 from ..openai.chat_protocol import ChatCompletionRequest
+from ..rerank.protocol import RerankRequest, ScoreRequest
 from ..openai.protocol import (CompletionRequest, DetokenizeRequest, EmbeddingRequest, InfillRequest,
                                TokenizeRequest)
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -28,7 +29,7 @@ REQUESTS = (ChatCompletionRequest, CompletionRequest, InfillRequest, EmbeddingRe
             DetokenizeRequest, SessionCreateRequest, SessionTurnRequest, SessionQosRequest, UnloadRequest,
             LoadRequest, ResponsesRequest, ResponsesInputTokensRequest, MessagesRequest, CountTokensRequest,
             OllamaChatRequest, OllamaGenerateRequest, OllamaEmbedRequest, OllamaEmbeddingsRequest, OllamaShowRequest,
-            AdapterLoadRequest, AdapterUnloadRequest)
+            AdapterLoadRequest, AdapterUnloadRequest, RerankRequest, ScoreRequest)
 
 
 def openapi30(node):
