@@ -201,8 +201,10 @@ class AdapterTable:
         for adapter in self._unloading:
             adapter.state = "unloaded"
 
-    def tick_done(self, errors: dict[str, str]) -> None:
-        """The engine ran the plan: each load succeeded unless ``errors`` names it."""
+    def tick_done(self, errors: dict[str, str]) -> list[str]:
+        """The engine ran the plan: each load succeeded unless ``errors`` names it. Returns the
+        names it unloaded (their cached prefixes are to go)."""
+        unloaded = [a.name for a in self._unloading]
         for adapter in self._loading:
             why = errors.get(adapter.name)
             if adapter.state != "loading":  # a served adapter loaded again into a restarted engine
@@ -222,6 +224,7 @@ class AdapterTable:
             log.info("model %s: LoRA adapter %s unloaded", self.model, adapter.name)
             adapter.done.set()
         self._loading, self._unloading = [], []
+        return unloaded
 
     def tick_failed(self, why: str) -> None:
         """The tick carrying loads failed (or its worker died): those loads failed with it (a

@@ -317,7 +317,8 @@ class ModelLoop:
             return None
         with self._cv:
             self._quiet_tick = False
-            self.adapters.tick_done(result.adapter_errors)
+            for name in self.adapters.tick_done(result.adapter_errors):
+                sched.kv.drop_adapter(name)  # a later adapter of that name is another
             stats = sched.postprocess(plan, result)
         self.hook.superfluid_tick_done(model=self.name, stats=stats)
         return stats

@@ -206,6 +206,10 @@ class HostTier:
         entry = self._entries.get(key)
         return entry[3] if entry else ()
 
+    def keys_under(self, name: str) -> list[str]:
+        """The entries computed under a set holding adapter ``name``."""
+        return [key for key, entry in self._entries.items() if name in dict(entry[3])]
+
     def remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:

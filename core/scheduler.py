@@ -17,10 +17,10 @@ import time
 from typing import TYPE_CHECKING
 
 from . import qos
+from .adapter_cache import AdapterKV
 from .adapter_groups import GroupClock
 from .costs import CostModel
 from .errors import DeadlineExceeded, EngineFailure
-from .kv import KVManager
 from .lane import Lane, LaneEvent, LaneState
 from .pressure import PressureGauge
 from .prompt_work import annotate, collect, embedding, newly_scored, prompt_scores
@@ -44,7 +44,7 @@ class Scheduler:
         self.costs = CostModel()
         self.queue: list[Lane] = []
         self.lanes: list[Lane] = []
-        self.kv = KVManager(name, capabilities, settings)
+        self.kv = AdapterKV(name, capabilities, settings)  # a KVManager that drops an unloaded adapter's prefixes
         self.gauge = PressureGauge(name, pressure_sources or [])
         self.groups = GroupClock()  # adapter sets' waits, on engines that run one set per tick
         self.ticks = 0

@@ -100,6 +100,7 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     bound = len(lanes)  # lanes holding a slot, whatever this tick runs
     if getattr(capabilities, "adapters", "none") == "per_tick":  # one LoRA adapter set per step
         lanes = adapter_group(lanes, settings)
+    grouped = len(lanes) < bound  # other adapter groups wait for their turn
     solo = [l for l in lanes if l.request.batch_invariant]
     if solo:  # a batch-invariant lane ticks alone, so its output does not depend on other traffic
         lanes = [min(solo, key=lambda l: l.admitted_at or 0.0)]
@@ -109,7 +110,9 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
                              / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
     finishing = any(l.remaining_tokens <= base_rounds for l in decoding)
     admitting = bound < settings.max_batch or finishing
-    quiet = OPTIONS.of(settings).quiet_ticks and is_quiet(decoding, prefilling, queue, capabilities)
+    # a long quiet tick would hold the other adapter groups' lanes: none while groups take turns
+    quiet = (OPTIONS.of(settings).quiet_ticks and not grouped
+             and is_quiet(decoding, prefilling, queue, capabilities))
     target = tick_target_s(capabilities, settings, admitting and not quiet)
 
     plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities), quiet=quiet)

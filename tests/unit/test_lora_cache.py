@@ -82,3 +82,21 @@ def test_kv_events_name_the_adapter_and_hash_its_blocks_apart():
     lora = ledger.apply([CacheEvent("stored", "gpu", 1, PROMPT, 64, A)])
     assert base[0].lora_name is None and lora[0].lora_name == "a"
     assert not set(base[0].block_hashes) & set(lora[0].block_hashes)
+
+
+def test_an_unloaded_adapters_prefixes_go_with_it(make, tmp_path):
+    """An adapter loaded again under the same name may be another file: nothing cached under the
+    old one may seed it."""
+    engine = FakeLoraEngine(max_lanes=1)
+    loop, engine = make(engine, max_batch=1, start=False, host_cache_bytes=1 << 30)
+    load_stepped(loop, engine, tmp_path, "a")
+    _one(loop, engine, PROMPT, 2, A)
+    _one(loop, engine, [999] * 100, 2, ())       # a's prefix to the host tier
+    _one(loop, engine, PROMPT[:100] + [3] * 80, 2, A)  # and a slot cache under a again
+    loop.adapters.remove("a")
+    loop.step()                                  # unloaded: its prefixes are dropped
+    assert not loop.scheduler.kv.host.keys_under("a")
+    assert all("a" not in dict(loop.scheduler.kv.cache.adapters(s)) for s in loop.scheduler.kv.cache.lru_slots())
+    load_stepped(loop, engine, tmp_path, "a")   # another "a"
+    assert _one(loop, engine, PROMPT + [1], 2, A) == 0
+    assert engine.errors == []
