@@ -43,17 +43,21 @@ def head_lengths(path: str) -> list[int]:
 
 def kv_bits(model, path: str) -> int:
     """The model's --kv-bits (0: full width), or a ConfigError naming the engine and why the model
-    cannot take it."""
+    cannot take it (:func:`check`)."""
     bits = int(CORE_OPTIONS.of(model).kv_bits or 0)
-    if not bits:
-        return 0
+    if bits:
+        check(model.name, path, bits)
+    return bits
+
+
+def check(name: str, path: str, bits: int) -> None:
+    """ConfigError where the model at ``path`` cannot hold a ``bits``-bit KV."""
     try:
         odd = sorted({d for d in head_lengths(path) if d % GROUP_SIZE})
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"model {model.name!r}: engine 'mlx' cannot read the head length for --kv-bits "
+        raise ConfigError(f"model {name!r}: engine 'mlx' cannot read the head length for --kv-bits "
                           f"{bits}: {exc}") from None
     if odd:
-        raise ConfigError(f"model {model.name!r}: engine 'mlx' cannot serve --kv-bits {bits}: mlx-lm's quantized "
+        raise ConfigError(f"model {name!r}: engine 'mlx' cannot serve --kv-bits {bits}: mlx-lm's quantized "
                           f"KV cache quantizes each head's keys and values in groups of {GROUP_SIZE}, and this "
                           f"model's heads are {odd[0]} long; leave --kv-bits out (or 0) for it")
-    return bits

@@ -133,11 +133,19 @@ def layout(shape: KVShape, n_lanes: int, max_context: int, memory: FreeMemory, *
 
 
 def cache_type(model) -> str:
-    """The element type the model's caches will hold: the dtype its token embeddings come out in."""
+    """The element type the model's caches will hold: what one token's keys come out as (a GGUF's
+    f16 or quantized weights with f32 norms compute, and cache, in f32, not in the dtype its
+    token embeddings come out in); that dtype where the model cannot be run so."""
     import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
 
     try:
-        dtype = model.model.embed_tokens(mx.array([0])).dtype
-    except (AttributeError, TypeError, ValueError):  # no embed_tokens where it is looked for
-        return "f16"
+        caches = [KVCache() for _ in model.layers]
+        model(mx.array([[0]]), cache=caches)
+        dtype = caches[0].keys.dtype
+    except Exception:  # noqa: BLE001  a model that needs more than tokens: its embeddings' dtype
+        try:
+            dtype = model.model.embed_tokens(mx.array([0])).dtype
+        except (AttributeError, TypeError, ValueError):  # no embed_tokens where it is looked for
+            return "f16"
     return CACHE_TYPES.get(str(dtype).rsplit(".", 1)[-1], "f32")
