@@ -33,6 +33,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.media import find_mmproj
 from superfluid.core.stop_flag import StopFlag
 from superfluid.core.vocab_engine import VocabEngine
+from superfluid.plugins import rank_head
 from superfluid.plugins import vision_families as families
 from superfluid.plugins.vocab import HFVocab, open_vocab
 from superfluid.plugins.vocab.constraints import lltokenizer
@@ -118,6 +119,8 @@ class BasertEngine(VocabEngine):
             # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)
+        # a reranker GGUF (rank pooling and its head): how its pairs become prompts, for /v1/rerank (rank.py)
+        self.info = attrs.evolve(self.info, rerank=rank_head.rerank_format(self.path, model.name, self.vocab))
         self.vision_src, self.vision_shape = self._vision(model, core.mmproj)
         self.image_encoding = core.image_encoding
         self.stop_flag = StopFlag()  # in-process: the runner reads it between steps
@@ -194,6 +197,7 @@ class BasertEngine(VocabEngine):
                                  speculate=self.speculate, constrainer=self.constrainer, decoder=decoder,
                                  encoder=vision.encoder(self.vision) if self.vision is not None else None,
                                  image_encoding=self.image_encoding)
+        self.runner.rank_head = rank_head.RankHead.from_gguf(self.path) if self.info.rerank else None
         shape = self.model.shape
         log.info("model %s: basert on %s (%s, %s), %d layers, KV pool %d blocks x %d tokens (%s KV, %.0f MiB), "
                  "speculation %s", self.name, self.device, str(self.dtype).replace("torch.", ""), shape.arch,

@@ -36,6 +36,7 @@ from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_on
 
 from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
+from .rank import keep_pooled, pooled_rows
 from .sampler import LaneSampler, sample_rows
 from .speculate import Gate, propose, verify
 
@@ -92,6 +93,7 @@ class BasertRunner(tick_runner.TickRunner):
         if encoder is not None:
             self.media = encoder_cache(encoder, image_encoding)
         self.model = model
+        self.rank_head = None  # a reranker's classification head (rank.py), set by the engine
         self.pool = pool
         self.decoder = decoder  # decode-only steps: FlexAttention on the pages, CUDA graphs
         self.eog = eog
@@ -243,8 +245,7 @@ class BasertRunner(tick_runner.TickRunner):
             if n:
                 row_logits[i] = logits[at:at + n]
                 at += n
-        pooled = {i: hidden[r.offset:r.offset + r.count].float().sum(dim=0)
-                  for i, r in enumerate(rows) if r.work.embed}
+        pooled = pooled_rows(rows, hidden, self.rank_head)  # embedding sums, rank lanes' scores (rank.py)
 
         picks, drawn = self._sample(rows, row_logits)
         decode_tokens = prefill_tokens = drafted = accepted = 0
@@ -282,8 +283,7 @@ class BasertRunner(tick_runner.TickRunner):
                 for j, target in enumerate(targets):
                     if target is not None:
                         w.result.prompt_logprobs.append(token_logprob(host[j], target, w.score_top))
-            if i in pooled:
-                w.add_pooled(pooled[i].cpu().numpy(), r.count)
+            keep_pooled(w, pooled.get(i), r.count)
             if i in drawn:
                 token, logprob = drawn[i]
                 if sampler:

@@ -1,4 +1,4 @@
-"""POST /v1/rerank and /v1/score against the real server serving a reranker on llama.cpp.
+"""POST /v1/rerank and /v1/score against the real server serving a reranker, on llama.cpp and basert.
 
 The model is tools/fixtures/tiny_reranker.py's tiny random Qwen3-Reranker-style cross-encoder,
 converted by llama.cpp's own converter (rank pooling, a "yes"/"no" head). The reference is
@@ -87,9 +87,11 @@ def llama_rank_scores(path: str, prompts: list[str]) -> list[list[float]]:
         llm.close()
 
 
-@pytest.fixture(scope="module")
-def rr(start_server, fixture):
-    return start_server("--max-batch", "4", "--max-context", "512", model=str(fixture["gguf"]))
+@pytest.fixture(scope="module", params=["llamacpp", "basert"])
+def rr(request, start_server, fixture):
+    """The reranker served on each engine (the same GGUF: basert reads its weights and head too)."""
+    return start_server("--engine", request.param, "--max-batch", "4", "--max-context", "512",
+                        model=str(fixture["gguf"]))
 
 
 def _post(srv, path: str, body: dict, secret: str | None = None, headers: dict | None = None):

@@ -13,7 +13,7 @@ from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.plugins.http.rerank.pairs import check_fits, pair_tokens
 from superfluid.plugins.http.rerank.protocol import MAX_DOCUMENTS, RerankRequest, ScoreRequest
 from superfluid.plugins.http.typed import parse
-from superfluid.plugins.llamacpp.rank import RankHead
+from superfluid.plugins.rank_head import RankHead
 
 
 # ---- the bodies --------------------------------------------------------------------------------
