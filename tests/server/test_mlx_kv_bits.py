@@ -187,16 +187,24 @@ def test_smollm2_pool_and_replies_at_16_8_4(start_server, model_path):
 
 # ---- parking and the host tier on a served model --------------------------------------------------
 
+def conversation(name: str) -> str:
+    """A prompt long enough for the host tier to keep (over 64 tokens), its own from the first word."""
+    notes = " ".join(f"{name} note {i}: the {name.lower()} team ships on day {i}." for i in range(10))
+    return f"{name} here. {notes}\nSummarize."
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_parking_and_host_tier_under_kv_bits(start_server, wide_path, bits):
     srv = start_server("--model", wide_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2",
                        "--park", "--kv-bits", str(bits))
-    assert srv.get_json("/health")["models"]["tiny"]["kv_pool"]["shape"]["kv_bits"] == bits
+    health = srv.get_json("/health")["models"]["tiny"]
+    assert health["kv_pool"]["shape"]["kv_bits"] == bits
     # the host tier: five conversations through four buffers push the first out to host memory
-    prompts = [f"<|im_start|>user\nConversation {w}: tell me about the {w} of the water<|im_end|>\n"
-               f"<|im_start|>assistant\n" for w in ("people", "word", "number", "time", "way")]
+    prompts = [conversation(name) for name in ("Alpha", "Bravo", "Charlie", "Delta", "Echo")]
     firsts = [complete(srv.base, p, 24) for p in prompts]
-    assert metric(srv, "superfluid_prefix_evictions_total") >= 1 and metric(srv, "superfluid_host_cache_bytes") > 0
+    host_bytes = metric(srv, "superfluid_host_cache_bytes")
+    assert metric(srv, "superfluid_prefix_evictions_total") >= 1 and host_bytes > 0
+    assert host_bytes % health["bytes_per_cell"] == 0  # whole cells of the narrow width
     hits = metric(srv, "superfluid_prefix_cache_host_hits_total")
     assert complete(srv.base, prompts[0], 24) == firsts[0]
     assert metric(srv, "superfluid_prefix_cache_host_hits_total") == hits + 1
