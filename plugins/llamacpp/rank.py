@@ -16,6 +16,9 @@ from superfluid.plugins import rank_head
 def rerank_format(vocab, name: str) -> RerankFormat | None:
     """The pair format of a reranker GGUF (``vocab``: the daemon's vocab-only load of it,
     plugins/vocab/gguf.py); None for a model that is not one, or one not served (logged)."""
+    arch = vocab._meta("general.architecture") or ""
+    if vocab._meta(f"{arch}.pooling_type") != str(rank_head.RANK):  # (no second read of a model that is not one)
+        return None
     return rank_head.rerank_format(vocab.info.path, name, vocab)
 
 
@@ -24,6 +27,12 @@ class RankHead:
 
     @staticmethod
     def load(path: str, model=None) -> "rank_head.RankHead | None":
-        """The head of the GGUF at ``path`` (``model``: the worker's loaded llama_model, unused:
-        the head is read from the file); None for a model that is not a reranker."""
+        """The head of the GGUF at ``path`` (``model``: the worker's loaded llama_model, whose
+        metadata says first whether it is a reranker at all); None for a model that is not one."""
+        if model is not None:
+            from .hidden import _meta
+
+            arch = _meta(model, "general.architecture") or ""
+            if _meta(model, f"{arch}.pooling_type") != str(rank_head.RANK):
+                return None
         return rank_head.RankHead.from_gguf(path)
