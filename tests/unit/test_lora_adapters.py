@@ -84,3 +84,18 @@ def test_parse_lora(text, name, path, scale):
 def test_parse_lora_refuses(text):
     with pytest.raises(ConfigError):
         parse_lora(text)
+
+
+def test_lora_flag_and_toml_list(tmp_path):
+    from superfluid.core.cli import load
+    from superfluid.core.config import CORE_OPTIONS
+
+    config, _ = load(["serve", "--lora", "a=/p/a.gguf:0.5", "--lora", "b=/p/b.gguf"])
+    assert [(s.name, s.path, s.scale) for s in CORE_OPTIONS.of(config.models[0]).lora] == [
+        ("a", "/p/a.gguf", 0.5), ("b", "/p/b.gguf", 1.0)]
+    toml = tmp_path / "superfluid.toml"
+    toml.write_text('[[models]]\nname = "m"\npath = "/p/m.gguf"\nlora = ["sql=/p/sql.gguf:0.8"]\n')
+    config, _ = load(["serve", "--config", str(toml)])
+    assert [(s.name, s.scale) for s in CORE_OPTIONS.of(config.models[0]).lora] == [("sql", 0.8)]
+    with pytest.raises(ConfigError, match="more than once"):
+        load(["serve", "--lora", "a=/p/a.gguf", "--lora", "a=/p/b.gguf"])
