@@ -174,8 +174,10 @@ class OllamaRoutes:
         return web.json_response({"version": OLLAMA_VERSION})
 
     def _names(self, request) -> list[tuple[str, object]]:
-        """(name, runtime) of every served model and alias the key may use."""
+        """(name, runtime) of every served model, LoRA adapter and alias the key may use."""
         out = [(name, rt) for name, rt in list(self.daemon.models.items()) if rt.state == "ready"]
+        # each LoRA adapter as a model of its own, MODEL:ADAPTER (Open WebUI lists these)
+        out += [(f"{name}:{a.name}", rt) for name, rt in list(out) for a in rt.loop.adapters.served()]
         for alias in request.app.get(ALIASES) or ():
             rt = self.daemon.models.get(alias.model)
             if rt is not None and rt.state == "ready":
