@@ -54,7 +54,7 @@ class LlamaCppEngine(WorkerEngine):
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefill_step_tokens=512,
             aborts_mid_step=True, grammars=True, compact_slots=True, logprobs=True, logit_bias=True,
             embeddings=True, generates=not core.embedding_only,
-            prefix_cache=not self.vocab.recurrent,
+            prefix_cache=not self.vocab.recurrent, adapters="per_tick",  # one LoRA set a context (lora.py)
             tick_target_free_ms=50.0, tick_target_busy_cap_ms=250.0)
         # a reranker GGUF (rank pooling): how its pairs become prompts, for /v1/rerank (rank.py)
         self.info = attrs.evolve(self.info, rerank=rank.rerank_format(self.vocab, model.name))

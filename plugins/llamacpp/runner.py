@@ -31,6 +31,7 @@ from .buffers import LogitRows, host_buffer
 from .hidden import HiddenStates
 from .image_steps import ImageSteps
 from .kv_positions import KvPositions
+from .lora import LoraAdapters, LoraTicks
 from .sampling import build_sampler, free_sampler
 
 
@@ -38,7 +39,7 @@ def _slot(w: Work) -> int:
     return w.slot
 
 
-class LlamaCppRunner(ImageSteps, KvPositions, tick_runner.TickRunner):
+class LlamaCppRunner(LoraTicks, ImageSteps, KvPositions, tick_runner.TickRunner):
     """The llama.cpp engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, ctx, n_seq: int, n_ubatch: int, stop_flag: StopFlag, kv_capacity: int, *,
@@ -71,6 +72,7 @@ class LlamaCppRunner(ImageSteps, KvPositions, tick_runner.TickRunner):
         lib = native.load() if native_rounds else None
         self.rounds = native.DecodeRounds(lib, ctx, self.vocab, self.batch, self.n_vocab, stop_flag) if lib else None
         self.hidden = HiddenStates(ctx, llama_cpp.llama_model_n_embd(model), pooling)
+        self.lora = LoraAdapters(model, ctx)  # the tick's LoRA adapter set (lora.py)
 
     def close(self) -> None:
         for chain in self.samplers.values():
