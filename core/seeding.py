@@ -79,10 +79,12 @@ def own_head(cache: SlotCache, slot: int, lane: Lane) -> int:
 def may_reuse(lane: Lane) -> bool:
     """Whether a lane may be seeded from KV other lanes computed. A batch-invariant lane may not:
     its output must not depend on other traffic, and cached KV was computed beside it. Nor may a
-    lane that needs every prompt position computed here (prompt logprobs, an embedding)."""
+    lane that needs every prompt position computed here (prompt logprobs, an embedding); a
+    reranker's lane may (Request.rank): it needs only its last position's state, so the pairs of
+    one query share the prompt up to the document."""
     req = lane.request
     return (lane.parked is None and req.reuse_prefix and not req.batch_invariant
-            and req.prompt_logprobs is None and not req.embed)
+            and req.prompt_logprobs is None and (not req.embed or req.rank))
 
 
 def kv_source(lane: Lane) -> int | None:

@@ -157,6 +157,22 @@ def test_shuffled_documents_change_only_the_order(rr):
     assert [shuffled[r["index"]] for r in second["results"]] == [r["document"]["text"] for r in first["results"]]
 
 
+def _hit_tokens(srv) -> float:
+    return sum(v for k, v in srv.metrics().items() if k.startswith("superfluid_prefix_cache_hit_tokens"))
+
+
+def test_pairs_of_one_query_share_its_prefix(rr, reference):
+    """A rank lane needs only its last position, so the pairs of one query start from the KV of
+    the prompt up to the document (the instruction and the query) that an earlier pair left; the
+    scores are the same as computed whole."""
+    before = _hit_tokens(rr)
+    _, _, reply = _post(rr, "/v1/rerank", {"query": QUERY, "documents": DOCS[:3]})
+    assert _hit_tokens(rr) > before
+    ref = reference(QUERY, DOCS[:3])
+    for r in reply["results"]:
+        assert abs(r["relevance_score"] - ref[r["index"]]) < TOL
+
+
 def test_score_pairs(rr, reference):
     status, _, reply = _post(rr, "/v1/score", {"model": "smollm2", "text_1": QUERY, "text_2": DOCS[:3]})
     assert status == 200 and reply["object"] == "list" and reply["usage"]["prompt_tokens"] > 0

@@ -178,8 +178,10 @@ class _Batch:
         async with self.window:
             scheduler = self.runtime.loop
             bridge = EventBridge(asyncio.get_running_loop(), hold_deltas=True, catchup=self.catchup)
+            # a rank lane reads only its last position: it may start from a cached prefix (the query's)
             req = Request(prompt_tokens=tokens, max_tokens=1, sink=bridge, qos=self.qos, embed=True, rank=self.rank,
-                          reuse_prefix=False, arrived=self.arrived, meta={"embedding": True}, adapters=self.adapters)
+                          reuse_prefix=self.rank, arrived=self.arrived, meta={"embedding": True},
+                          adapters=self.adapters)
             try:
                 scheduler.submit(req)  # a prompt longer than the context is refused here
             except ContextLengthExceeded as exc:
