@@ -179,7 +179,7 @@ class BasertEngine(VocabEngine):
             progress(f"loading {self.name}: weights on {self.device}")
         try:
             self.model = models.load(self.path, name=self.name, device=self.device, dtype=self.dtype)
-            rope.apply(self.model, CORE_OPTIONS.of(self.model_config), self.name, self.device)  # --rope-scaling, --yarn-*
+            rope.apply(self.model, CORE_OPTIONS.of(self.model_config), self.name, self.device)  # --rope-*, --yarn-*
             if self.vision_src is not None:
                 if progress:
                     progress(f"loading {self.name}: vision tower on {self.device}")

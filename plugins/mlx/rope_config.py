@@ -78,9 +78,8 @@ def overrides(core: Any, path: str, n_ctx_train: int, model: str) -> dict:
         return out
     if ext >= 0 and ext != 1.0:
         raise _refuse(model, f"--yarn-ext-factor {ext}: mlx-lm's YaRN has no extrapolation mix (only 1)")
-    scaling = {"rope_type": "yarn", "factor": factor,
-               "original_max_position_embeddings": int(core.yarn_orig_ctx or same.get("original_max_position_embeddings")
-                                                       or window or n_ctx_train)}
+    original = core.yarn_orig_ctx or same.get("original_max_position_embeddings") or window or n_ctx_train
+    scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": int(original)}
     for key, value in (("beta_fast", core.yarn_beta_fast), ("beta_slow", core.yarn_beta_slow)):
         if value >= 0:
             scaling[key] = float(value)

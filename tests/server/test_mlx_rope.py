@@ -91,7 +91,8 @@ def test_logits_past_the_window_equal_mlx_lm(model_path, yarn_dir):
     import numpy as np
     from mlx_lm.utils import load_model
 
-    fields = rope_config.overrides(options(rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=64), model_path, 8192, "m")
+    core = options(rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=64)
+    fields = rope_config.overrides(core, model_path, 8192, "m")
     reference, _ = load_model(Path(yarn_dir))
     tokens = mx.array([list(range(200, 400))])
     want = np.array(reference(tokens).astype(mx.float32))[0]
