@@ -244,8 +244,8 @@ class LlamaCppRunner(LoraTicks, ImageSteps, KvPositions, tick_runner.TickRunner)
                 batch.pos[n + i] = at + i
                 batch.n_seq_id[n + i] = 1
                 batch.seq_id[n + i][0] = w.slot
-                batch.logits[n + i] = w.embed  # an embedding lane needs every token's hidden state
-            if last:
+                batch.logits[n + i] = w.embed and not w.rank  # an embedding lane needs every token's hidden state
+            if last or (w.rank and count == len(w.feed) and w.ends_prompt):  # a rank lane its last one's (hidden.py)
                 batch.logits[n + count - 1] = True
             targets = w.scored(count)
             if targets:
