@@ -113,3 +113,36 @@ def test_qwen3_head_is_softmax_over_yes_and_no():
     yes, no = ow @ h
     scores = RankHead("qwen3", None, None, ow, None).scores(h)
     assert scores[0] == pytest.approx(1 / (1 + np.exp(no - yes))) and sum(scores) == pytest.approx(1.0)
+
+
+# ---- the lanes -----------------------------------------------------------------------------------
+
+
+def _lane(**kw):
+    from superfluid.core.lane import Lane
+    from superfluid.core.request import Request
+    from superfluid.core.textstream import TextStream
+
+    req = Request(prompt_tokens=list(range(1, 21)), max_tokens=1, sink=lambda e: None, **kw)
+    return Lane(request=req, text=TextStream(lambda t: b"x"))
+
+
+def test_a_rank_lane_may_start_from_a_cached_prefix_an_embedding_may_not():
+    """A rank lane reads only its last position (the pairs of one query share the rest); an
+    embedding pools every position, so each must be computed in its own lane."""
+    from superfluid.core.seeding import may_reuse
+
+    assert may_reuse(_lane(embed=True, rank=True))
+    assert not may_reuse(_lane(embed=True))
+    assert not may_reuse(_lane(embed=True, rank=True, reuse_prefix=False))
+
+
+def test_a_rank_lanes_scores_are_kept_as_computed():
+    """Not averaged or normalised as an embedding is: the head's outputs are the scores."""
+    from superfluid.core.prompt_work import embedding
+
+    rank, embed = _lane(embed=True, rank=True), _lane(embed=True)
+    for lane in (rank, embed):
+        lane.embedding_sum, lane.pooled = np.array([0.8, 0.2]), 1
+    assert embedding(rank) == (0.8, 0.2)
+    assert embedding(embed) == pytest.approx((0.8 / np.hypot(0.8, 0.2), 0.2 / np.hypot(0.8, 0.2)))
