@@ -33,8 +33,9 @@ def reranker(request: web.Request, daemon, model: str | None):
     if runtime.engine.info.rerank is None:
         engine = getattr(runtime.engine, "engine_name", type(runtime.engine).__name__)
         raise InvalidRequest(f"model {runtime.name!r} is not a reranker (engine {engine}): /v1/rerank and /v1/score "
-                             "need a cross-encoder, on llama.cpp a GGUF with rank pooling (pooling_type 4, "
-                             "e.g. Qwen3-Reranker converted by llama.cpp)", param="model", code="model_not_reranker")
+                             "need a cross-encoder GGUF with rank pooling and its classification head (pooling_type "
+                             "4, e.g. Qwen3-Reranker converted by llama.cpp's convert_hf_to_gguf.py), served on "
+                             "llamacpp or basert", param="model", code="model_not_reranker")
     runtime.loop.check_serves(embed=True)
     return runtime
 
