@@ -262,7 +262,7 @@ def test_a_pair_longer_than_the_context(rr):
 def test_a_model_that_is_not_a_reranker_is_refused(server):
     status, _, reply = _post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS})
     assert status == 400 and reply["error"]["code"] == "model_not_reranker", reply
-    assert "llamacpp" in reply["error"]["message"]
+    assert "(engine llamacpp)" in reply["error"]["message"]
     status, _, reply = _post(server, "/v1/score", {"text_1": QUERY, "text_2": "x"})
     assert status == 400 and reply["error"]["code"] == "model_not_reranker"
 
