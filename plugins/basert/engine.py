@@ -116,6 +116,7 @@ class BasertEngine(VocabEngine):
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
             aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True, embeddings=True,
             generates=not core.embedding_only, prefill_step_tokens=PREFILL_STEP,
+            adapters="per_row",  # rows of different LoRA sets in one step (lora.py)
             # the spec's basert targets: 250 ms while a lane is free or finishing, --tick-target-ms
             # (uncapped) while every lane is busy
             tick_target_free_ms=250.0, tick_target_busy_cap_ms=60000.0)

@@ -86,6 +86,7 @@ class SlotBlocks:
     computed: int = 0                                # positions whose KV all layers wrote
     tokens: list[int] = field(default_factory=list)  # noted token ids, <= length of them
     hashes: list[int] = field(default_factory=list)  # chained hashes of the leading full blocks
+    root: int | None = None                          # what they chain from (a LoRA set's; None: the pool's)
 
 
 @dataclass

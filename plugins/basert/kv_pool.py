@@ -65,6 +65,7 @@ class PagedKV:
         self._by_hash: dict[int, int] = {}               # hash -> live full block holding it
         self._hash_of: dict[int, int] = {}               # block -> its registered hash
         self._root = root_hash("basert", block_size)     # the names never leave the pool: one root
+        self.roots: dict[int, int | None] = {}           # slot -> its lane's LoRA set's root (lora.set_root)
         self.block_bytes = self.store.nbytes // (n_blocks + bool(scratch))   # one block, on the device
         self.parking = Parking(self)
 
@@ -146,7 +147,7 @@ class PagedKV:
     def _slot(self, slot: int) -> SlotBlocks:
         s = self._slots.get(slot)
         if s is None:
-            s = self._slots[slot] = SlotBlocks()
+            s = self._slots[slot] = SlotBlocks(root=self.roots.get(slot))
         return s
 
     # ---- slot edits --------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class PagedKV:
         """A new holder of ``s``'s first ``min(pos, length)`` positions: its blocks by reference."""
         n = min(max(pos, 0), s.length)
         d = SlotBlocks(table=s.table[:ceil_div(n, self.block_size)], length=n, computed=min(s.computed, n),
-                       tokens=s.tokens[:n], hashes=s.hashes[:n // self.block_size])
+                       tokens=s.tokens[:n], hashes=s.hashes[:n // self.block_size], root=s.root)
         for b in d.table:
             self._ref[b] += 1
         return d
@@ -314,7 +315,7 @@ class PagedKV:
         ready = min(len(s.tokens), s.computed) // bs
         while len(s.hashes) < ready:
             i = len(s.hashes)
-            h = chain_hash(s.hashes[-1] if s.hashes else self._root, s.tokens[i * bs:(i + 1) * bs])
+            h = chain_hash(s.hashes[-1] if s.hashes else s.root or self._root, s.tokens[i * bs:(i + 1) * bs])
             b = s.table[i]
             live = self._by_hash.get(h)
             if live is None:

@@ -36,6 +36,7 @@ from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_on
 
 from .decode_graph import DecodeGraphs
 from .kv_pool import PagedKV
+from .lora import LoraSteps
 from .rank import keep_pooled, pooled_rows
 from .sampler import LaneSampler, sample_rows
 from .speculate import Gate, propose, verify
@@ -80,7 +81,7 @@ class _Row:
         return range(0)
 
 
-class BasertRunner(tick_runner.TickRunner):
+class BasertRunner(LoraSteps, tick_runner.TickRunner):
     """basert's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, pool: PagedKV, eog: set[int], stop_flag: StopFlag, *, device: torch.device,
@@ -366,7 +367,7 @@ class BasertRunner(tick_runner.TickRunner):
         """The step's final hidden states: a decode-only step (one token per row) that fits the
         decoder's buckets and holds no image row goes through it; any other through the gather
         path's ``StepView``, image rows in place of their placeholders' embeddings."""
-        decoder = self.decoder
+        decoder = None if self.lora_step(rows) else self.decoder  # (no captured graph holds an adapter)
         if (decoder is not None and image_rows is None and rows and len(rows) <= decoder.max_rows
                 and all(r.width == 1 for r in rows)):
             hidden = decoder.hidden(flat, positions, self.pool.step_tables(spans))
