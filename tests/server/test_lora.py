@@ -27,6 +27,9 @@ PROMPTS = [
 LONG = ("<|im_start|>system\n" + " ".join(f"Rule {i}: answer politely and briefly." for i in range(40))
         + "<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
 MAX_TOKENS = 32
+# LONG is prefilled in steps of this many tokens by the server and by the reference alike: adapter
+# b's reply to it is a near-tie that 128-token and 512-token steps decide differently
+STEP = 128
 SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
 
 
@@ -38,7 +41,7 @@ def fixture_paths(tiny_lora):
 
 @pytest.fixture(scope="module")
 def srv(start_server, fixture_paths):
-    return start_server("--max-batch", "8", "--lora", f"a={fixture_paths['a_gguf']}",
+    return start_server("--max-batch", "8", "--prefill-budget", str(STEP), "--lora", f"a={fixture_paths['a_gguf']}",
                         "--lora", f"b={fixture_paths['b_gguf']}")
 
 
@@ -53,7 +56,7 @@ def reference(fixture_paths, model_path):
     out = {}
     for name, adapter in SETS.items():
         lora = str(fixture_paths[f"{adapter}_gguf"]) if adapter else None
-        out[name] = in_child(greedy_under_adapter, model_path, lora, PROMPTS + [LONG], MAX_TOKENS)
+        out[name] = in_child(greedy_under_adapter, model_path, lora, PROMPTS + [LONG], MAX_TOKENS, n_batch=STEP)
     return out
 
 
@@ -133,7 +136,8 @@ def test_runtime_load_and_unload_under_traffic_lose_nothing(srv, client, referen
     for t in threads:
         t.start()
     # load b's file again as "c" while they run: served once the answer comes
-    status, body = srv.call("POST", "/admin/models/smollm2/adapters", {"name": "c", "path": str(fixture_paths["b_gguf"])})
+    status, body = srv.call("POST", "/admin/models/smollm2/adapters",
+                            {"name": "c", "path": str(fixture_paths["b_gguf"])})
     assert status == 200, body
     assert _ask(client, "smollm2:c", PROMPTS[2])[0] == reference["smollm2:b"][PROMPTS[2]]
     # unload "a" while its requests may still run: they finish; new ones are 404 from then on
@@ -147,3 +151,22 @@ def test_runtime_load_and_unload_under_traffic_lose_nothing(srv, client, referen
     wrong = {k: v for k, v in results.items() if v[2] != reference[v[0]][v[1]]}
     assert len(results) == 8 and not wrong, wrong
     assert "a" not in {a["name"] for a in srv.get_json("/lora-adapters")}
+
+
+def test_every_front_end_that_names_a_model_selects_the_adapter(srv, client):
+    """Anthropic's /v1/messages and Ollama's /api/chat on MODEL:ADAPTER reply as a chat completion
+    on it does, and not as the base model (the same greedy tokens from the same prompt)."""
+    messages = [{"role": "user", "content": "Name three rivers."}]
+
+    def chat(model):
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)
+        return r.choices[0].message.content
+
+    assert chat("smollm2:b") != chat("smollm2")
+    status, body = srv.call("POST", "/v1/messages", {"model": "smollm2:b", "max_tokens": 16, "temperature": 0,
+                                                     "messages": messages})
+    assert status == 200 and body["content"][0]["text"] == chat("smollm2:b")
+    status, body = srv.call("POST", "/api/chat", {"model": "smollm2:b", "stream": False, "messages": messages,
+                                                  "options": {"temperature": 0, "num_predict": 16}})
+    assert status == 200 and body["message"]["content"] == chat("smollm2:b")
+    assert "smollm2:b" in {m["name"] for m in srv.get_json("/api/tags")["models"]}
