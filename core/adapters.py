@@ -113,7 +113,9 @@ class Adapter:
 
 
 class AdapterTable:
-    """The adapters of one model. Every method is called with the model loop's lock held."""
+    """The adapters of one model. Loads, unloads and the tick's calls hold the model loop's
+    lock; front ends look adapters up without it (a dict read), and a request's set is checked
+    again under the lock when it is queued (``ModelLoop.submit``)."""
 
     def __init__(self, model: str):
         self.model = model
