@@ -82,6 +82,7 @@ class MlxEngine(WorkerEngine):
             max_lanes=self.max_lanes, context_length=self.max_context, stops_mid_tick=True,
             uniform_decode_rounds=True, supports_parking=True, persists_kv=True, prefix_cache=True,
             aborts_mid_step=False, grammars=True, logprobs=True, logit_bias=True,
+            adapters="per_tick",  # one LoRA set a tick (lora.py)
             # pooling needs the final hidden states, read where the model's layout is known
             embeddings=self.vocab.model_type in HIDDEN_STATE_MODELS,
             generates=not CORE_OPTIONS.of(model).embedding_only,

@@ -55,11 +55,12 @@ from superfluid.core.tick_runner import PoolFull, Work, prefill_shares, takes_on
 from . import kv_cells
 from .batch_view import batch_views
 from .constants import HIDDEN_STATE_MODELS, PREFILL_STEP
+from .lora import MlxLoraTicks
 from .parking import ParkedKV
 from .sampling import LaneSampler
 
 
-class MlxRunner(ParkedKV, tick_runner.TickRunner):
+class MlxRunner(MlxLoraTicks, ParkedKV, tick_runner.TickRunner):
     """The MLX engine's primitives (see :class:`superfluid.core.tick_runner.TickRunner`)."""
 
     def __init__(self, model, eog: set[int], stop_flag: StopFlag, kv_capacity: int, step_tokens: int = PREFILL_STEP,
