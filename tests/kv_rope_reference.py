@@ -39,21 +39,35 @@ def tokenize(path: str, text: str) -> list[int]:
 def token_logprobs(path: str, tokens: list[int], start: int, count: int, n_ctx: int, **rope) -> list[float]:
     """The log-probability of ``tokens[j]`` given the tokens before it, for ``start <= j <
     start + count``, from a ``Llama`` with ``rope`` (rope_scaling_type, rope_freq_scale,
-    yarn_orig_ctx, ...) and flash attention on. The prefix is fed without logits; each scored
-    position is then fed one token at a time, so only ``count`` rows of logits are ever held."""
+    yarn_orig_ctx, ...) and flash attention on. The prefix is fed in 512-token batches without
+    logits, then the scored positions in one batch from the last 512 boundary, with logits, as
+    the server's prefill chunks feed a prompt (a one-token decode multiplies through another
+    kernel and rounds differently), so only ``count`` rows of logits are ever held."""
+    import llama_cpp
     import numpy as np
 
     from superfluid.plugins.llamacpp.extra_buffers import reference_llama
 
+    def logprob(row, token: int) -> float:
+        logits = np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).astype(np.float64)
+        top = logits.max()
+        return float(logits[token] - top - np.log(np.exp(logits - top).sum()))
+
     llm = reference_llama(path, n_ctx=n_ctx, flash_attn=True, verbose=False, n_threads=2, n_batch=512, **rope)
+    first = start - start % 512  # the last batch starts where a 512-token prefill chunk would
+    fed = tokens[first:start + count - 1]
+    batch = llama_cpp.llama_batch_init(len(fed), 0, 1)
     try:
-        llm.eval(tokens[:start])
-        out = []
-        for j in range(start, start + count):
-            logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            top = logits.max()
-            out.append(float(logits[tokens[j]] - top - np.log(np.exp(logits - top).sum())))
-            llm.eval([tokens[j]])
-        return out
+        llm.eval(tokens[:first])
+        for i, token in enumerate(fed):  # logits for the rows that score tokens[start:start + count]
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, first + i, 1
+            batch.logits[i] = first + i >= start - 1
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(fed)
+        if llama_cpp.llama_decode(llm.ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed on the scored positions")
+        return [logprob(llama_cpp.llama_get_logits_ith(llm.ctx, j - 1 - first), tokens[j])
+                for j in range(start, start + count)]
     finally:
+        llama_cpp.llama_batch_free(batch)
         llm.close()

@@ -103,6 +103,25 @@ def test_metrics_report_the_narrower_pool(servers):
     assert per_cell[8] * 64 == per_cell[0] * 34 and per_cell[4] * 64 == per_cell[0] * 18
 
 
+def test_the_host_tier_holds_the_narrower_cells(servers):
+    """The same conversations on each server: the prefixes evicted to host memory (the spare
+    sequences full) are the same ones, in llama.cpp's own sequence state, narrower by the block
+    ratio (a state's few header bytes aside). Parked lanes are saved the same way."""
+    held = {}
+    for bits, srv in servers.items():
+        for i in range(10):  # 6 sequences (4 lanes + 2 spare): the oldest prefixes go to the host tier
+            status, body = srv.call("POST", "/v1/completions", {
+                "model": "smollm2", "prompt": f"Story number {i}: " + "the cat sat on the mat and " * 20,
+                "max_tokens": 2, "temperature": 0})
+            assert status == 200, body
+        slots = srv.get_json("/slots")["models"]["smollm2"]
+        held[bits] = (slots["host_cache_entries"], slots["host_cache_bytes"])
+    assert held[0][0] > 0 and held[8][0] == held[4][0] == held[0][0], held
+    for bits in (8, 4):
+        size, block = BLOCKS[bits]
+        assert abs(held[bits][1] / held[0][1] - size / (2 * block)) < 0.005, held
+
+
 @pytest.fixture(scope="module")
 def references(model_path):
     return {bits: in_child(greedy_at_kv_bits, model_path, PROMPTS, MAX_TOKENS, bits) for bits in (8, 4)}
