@@ -99,3 +99,30 @@ def test_lora_flag_and_toml_list(tmp_path):
     assert [(s.name, s.scale) for s in CORE_OPTIONS.of(config.models[0]).lora] == [("sql", 0.8)]
     with pytest.raises(ConfigError, match="more than once"):
         load(["serve", "--lora", "a=/p/a.gguf", "--lora", "a=/p/b.gguf"])
+
+
+def test_request_adapters_by_name_field_and_global_scales(tmp_path):
+    """plugins/http/lora.py's selection on a real adapter table: MODEL:NAME, llama-server's lora
+    field (ids or names; unlisted adapters scale 0; scale 0 leaves one out), and the global
+    scales POST /lora-adapters sets for requests naming the base model alone."""
+    from types import SimpleNamespace
+
+    from superfluid.core.adapters import AdapterTable
+    from superfluid.core.errors import InvalidRequest
+    from superfluid.plugins.http.lora import request_adapters
+
+    table = AdapterTable("m")
+    for name, scale in (("a", 0.5), ("b", 1.0)):
+        table.add(name, _file(tmp_path, name), scale)
+    table.fill_plan(SimpleNamespace(load_adapters=[], unload_adapters=[]), set())
+    table.tick_done({})
+    rt = SimpleNamespace(name="m", loop=SimpleNamespace(adapters=table))
+    assert request_adapters(rt, "m", None) == ()
+    assert request_adapters(rt, "m:a", None) == (("a", 0.5),)
+    assert request_adapters(rt, "m", [{"id": 1, "scale": 2.0}, {"id": "a"}]) == (("a", 0.5), ("b", 2.0))
+    assert request_adapters(rt, "m:a", [{"id": 0, "scale": 0}]) == ()
+    with pytest.raises(InvalidRequest, match="no LoRA adapter 7"):
+        request_adapters(rt, "m", [{"id": 7}])
+    table.set_global({1: 0.25})
+    assert request_adapters(rt, "m", None) == (("b", 0.25),)
+    assert request_adapters(rt, "m", []) == ()  # an empty field: no adapter, as in llama-server
