@@ -15,12 +15,13 @@ import logging
 import os
 import secrets
 import threading
-import time
 from pathlib import Path
 
-import attrs
-
 from .errors import ConfigError, SuperfluidError
+from .session_log import StorageFull, append_record, cut_torn_line, fsync_dir, replay
+from .session_model import Session
+
+__all__ = ["Session", "SessionConflict", "SessionNotFound", "SessionStore", "StorageFull"]
 
 log = logging.getLogger("superfluid.sessions")
 
@@ -31,99 +32,10 @@ class SessionNotFound(SuperfluidError):
     code = "session_not_found"
 
 
-class StorageFull(SuperfluidError):
-    """A record the session needs could not be written to the state dir (a full disk: 507; any
-    other write error: 500). Nothing of the request was kept."""
-
-    status = 507
-    type = "server_error"
-    code = "insufficient_storage"
-
-
-def _storage_error(sid: str, exc: OSError) -> StorageFull:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFull(f"session {sid}: the state dir is full ({exc.strerror}); nothing was recorded, "
-                           "retry once space is freed")
-    return StorageFull(f"session {sid}: writing the state dir failed ({exc.strerror or exc}); nothing was "
-                       "recorded", status=500, code="state_write_failed")
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (a power loss, not only a kill, keeps it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class SessionConflict(SuperfluidError):
     status = 409
     type = "invalid_request_error"
     code = "session_conflict"
-
-
-@attrs.define(eq=False)
-class Session:
-    id: str
-    model: str
-    qos: str
-    system: str | None = None
-    pin_system: bool = False  # the system prompt's cached KV is evicted last while the session is open
-    created: float = attrs.field(factory=time.time)
-    messages: list[dict] = attrs.field(factory=list)   # every turn's messages and replies, in order
-    turns: int = 0
-    state: str = "open"                                 # open | parked | closed
-    prompt_tokens: list[int] = attrs.field(factory=list)  # the last turn's prompt (its KV is cached)
-    artifact_tokens: list[int] | None = None           # what the park artifact on disk holds
-    # The model loop that took the park artifact into its host tier, and the one holding the
-    # system prompt's pin: a model unloaded and loaded again has a new loop holding neither.
-    artifact_adopted_by: object | None = attrs.field(default=None, repr=False)
-    busy: bool = False                                  # a turn is running
-    pinned_tokens: list[int] | None = None              # the system prompt's tokens, once pinned
-    pinned_by: object | None = attrs.field(default=None, repr=False)
-    window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
-    owner: str | None = None  # the name of the API key that opened it (an opaque string; None: no policy)
-    # turn number (1-based) → what the front end that ran the turn keeps with it (the Responses
-    # API's stored response object), logged with the turn so it survives a restart
-    extras: dict[int, dict] = attrs.field(factory=dict)
-
-    @property
-    def anchor(self) -> int:
-        """Leading messages a prompt always keeps: the first user message (the task), if the
-        conversation starts with one; chat templates may insist on a user query."""
-        return 1 if self.messages and self.messages[0].get("role") == "user" else 0
-
-    def history(self, window_start: int | None = None) -> list[dict]:
-        """The messages a new turn's prompt starts with: the system prompt, the anchor, and the
-        messages from ``window_start`` (default: the session's) on."""
-        start = self.window_start if window_start is None else window_start
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages[:self.anchor] + self.messages[max(start, self.anchor):]
-
-    def window_cuts(self) -> list[int]:
-        """Where the kept history may start, oldest first: after the anchor and the current
-        window, at an assistant or user message (a tool result stays with the call it answers)."""
-        first = max(self.window_start, self.anchor) + 1
-        return [i for i in range(first, len(self.messages))
-                if self.messages[i].get("role") in ("assistant", "user")]
-
-    @property
-    def dropped_messages(self) -> int:
-        return max(self.window_start - self.anchor, 0)
-
-    def view(self) -> dict:
-        return {"id": self.id, "object": "session", "model": self.model, "qos": self.qos,
-                "system": self.system, "pin_system": self.pin_system, "state": self.state, "turns": self.turns,
-                "created": int(self.created), "busy": self.busy,
-                "parked_tokens": len(self.artifact_tokens or []),
-                "window_start": self.window_start, "dropped_messages": self.dropped_messages,
-                "owner": self.owner}
 
 
 class SessionStore:
@@ -158,48 +70,11 @@ class SessionStore:
     # ---- the log -----------------------------------------------------------------------------
 
     def _append(self, session: Session, record: dict, required: bool = True) -> bool:
-        """Append a record to the session's log, synced before this returns. A write that fails
-        (a full disk) is cut off again, so the log never holds half a record: ``required``
-        records raise :class:`StorageFull` (the caller changes nothing), the others (park,
-        resume: a restart does not need them) are skipped with a warning. Whether it was written."""
+        """Append a record to the session's log (:func:`.session_log.append_record`); memory only: a no-op."""
         if self.dir is None:
             return True
-        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        path = self._log_path(session.id)
-        with self._lock:
-            fd = None
-            size = 0
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                size = os.fstat(fd).st_size
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            except OSError as exc:
-                if fd is not None:
-                    try:
-                        os.ftruncate(fd, size)  # no half record left for the next one to run into
-                    except OSError:
-                        pass
-                if size == 0 and record.get("op") == "create":
-                    try:
-                        path.unlink()
-                    except OSError:
-                        pass
-                if required:
-                    log.warning("session %s: its %s record could not be written (%s)", session.id,
-                                record.get("op"), exc.strerror or exc)
-                    raise _storage_error(session.id, exc) from None
-                log.warning("session %s: its %s record was not written (%s); nothing a restart needs",
-                            session.id, record.get("op"), exc.strerror or exc)
-                return False
-            finally:
-                if fd is not None:
-                    os.close(fd)
-        return True
+        return append_record(self._log_path(session.id), session.id, record, self._lock, required)
 
-    # ---- operations ----------------------------------------------------------------------------
 
     def create(self, model: str, qos: str, system: str | None, pin_system: bool = False,
                owner: str | None = None) -> Session:
@@ -289,7 +164,7 @@ class SessionStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except OSError as exc:
             try:
                 tmp.unlink()
@@ -331,8 +206,8 @@ class SessionStore:
             return 0
         self._remove_leftovers()
         for path in sorted((self.dir / "sessions").glob("*.jsonl")):
-            _cut_torn_line(path)
-            session = _replay(path)
+            cut_torn_line(path)
+            session = replay(path)
             if session is None:
                 continue
             if session.state != "closed":
@@ -390,70 +265,3 @@ class SessionStore:
                         session.id, exc)
             return None
         return tokens
-
-
-def _cut_torn_line(path: Path) -> None:
-    """A log whose last line has no newline (a write cut short) is cut back to its last whole
-    line, so the next record starts a line of its own instead of running into the torn one."""
-    try:
-        with open(path, "rb+") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size == 0:
-                return
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return
-            back = min(size, 1 << 20)
-            f.seek(size - back)
-            tail = f.read(back)
-            keep = size - back + tail.rfind(b"\n") + 1 if b"\n" in tail else (0 if back == size else size)
-            if keep == size:
-                return
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        log.warning("session log %s: a torn last record (%d bytes) cut off", path, size - keep)
-    except OSError as exc:
-        log.warning("session log %s: could not check its last record (%s)", path, exc)
-
-
-def _replay(path: Path) -> Session | None:
-    """A session from its log, or None if the log has no valid create record."""
-    session = None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                op = rec["op"]
-                if session is None:
-                    if op != "create":
-                        raise ValueError("the first record is not a create")
-                    session = Session(id=rec["id"], model=rec["model"], qos=rec["qos"],
-                                      system=rec.get("system"), pin_system=bool(rec.get("pin_system")),
-                                      created=float(rec.get("created", 0)), owner=rec.get("owner"))
-                elif op == "turn":
-                    if not isinstance(rec["messages"], list) or not isinstance(rec["reply"], dict):
-                        raise ValueError("a turn needs messages and a reply")
-                    session.messages.extend(rec["messages"])
-                    session.messages.append(rec["reply"])
-                    session.turns += 1
-                    if isinstance(rec.get("extra"), dict):
-                        session.extras[session.turns] = rec["extra"]
-                elif op == "forget":
-                    session.extras.pop(rec["n"], None)
-                elif op == "qos":
-                    session.qos = rec["qos"]
-                elif op == "window":
-                    start = rec["start"]
-                    if not isinstance(start, int) or not 0 <= start <= len(session.messages):
-                        raise ValueError(f"window start {start!r} outside the conversation")
-                    session.window_start = start
-                elif op == "close":
-                    session.state = "closed"
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("session log %s line %d skipped: %s", path, n, exc)
-                if session is None:
-                    return None
-    return session
