@@ -29,6 +29,8 @@ from aiohttp import web
 
 from superfluid.core.errors import ConfigError, SuperfluidError
 
+from .loopback import is_loopback_host
+
 WILDCARD = "*"
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS, HEAD"
 # What the APIs and their SDKs send; a preflight that names its headers gets those back instead.
@@ -87,7 +89,6 @@ def wildcard_refusal(origins, host: str | None, key_policy: str | None) -> str |
     """Why ``serve`` must not start with these origins (None: it may): ``*`` lets every page
     any user of the network opens call the server, so it needs a key policy, or a loopback
     ``--host`` (a page can then reach it only from the machine's own browser)."""
-    from .keys.auth import is_loopback_host
     if WILDCARD not in origins or key_policy or host is None or is_loopback_host(host):
         return None
     return (f"--cors-origins '*' with --host {host or '(all addresses)'} (not a loopback address) and no "

@@ -37,10 +37,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-log = logging.getLogger("superfluid.http")
+from .options import OPTIONS, STOP_CAP, TOOLS_CAP  # noqa: F401  (the caps: imported from here too)
 
-STOP_CAP = 64     # --max-stop at most this (the typed stop field's own bound)
-TOOLS_CAP = 128   # --max-tools at most this (chat_protocol.MAX_TOOLS)
+log = logging.getLogger("superfluid.http")
 
 
 @attrs.frozen
@@ -58,7 +57,6 @@ class Limits:
     @classmethod
     def from_config(cls, config) -> "Limits":
         """The limits the options set (``config``: the Config, a dict, or ``OPTIONS.of(config)``)."""
-        from .options import OPTIONS  # (options.py imports this module's caps)
         o = OPTIONS.of(config if config is not None else {})
         return cls(max_body_bytes=int(o.max_body_mb) << 20, max_header_bytes=int(o.max_header_kb) << 10,
                    max_messages=o.max_messages, max_stop=o.max_stop, max_tools=o.max_tools,

@@ -22,10 +22,11 @@ from superfluid.core.options import Option, PluginOptions, in_range
 
 from .aliases import parse_alias
 from .cors import parse_origin
-from .input_limits import STOP_CAP, TOOLS_CAP
 from .keys.rate_limit import parse_rate
 
 MAX_FIM_CONTEXT = 8192
+STOP_CAP = 64     # --max-stop at most this (the typed stop field's own bound: openai/protocol.py)
+TOOLS_CAP = 128   # --max-tools at most this (chat_protocol.MAX_TOOLS)
 
 
 def _rate(text: str) -> str:

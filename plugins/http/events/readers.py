@@ -9,10 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .hub import EventHub
+from typing import Callable, Iterable, Protocol
 
 log = logging.getLogger("superfluid.http")
 
@@ -93,10 +90,22 @@ class Reader:
         return out
 
 
+class Source(Protocol):
+    """What a channel asks of the hub that made it (``hub.EventHub``): the snapshot of one model
+    (or all) since the tick seqs given, the clock, and a look at its readers after each round.
+    Named here so this module does not import the hub, which imports it."""
+
+    clock: Callable[[], float]
+
+    def build(self, model: str | None, since: dict[str, int]) -> dict: ...
+
+    def watch(self, readers: Iterable[Reader], now: float) -> None: ...
+
+
 class Channel:
     """The readers of one (interval, model) pair, and the task that builds their snapshots."""
 
-    def __init__(self, hub: EventHub, interval_ms: int, model: str | None):
+    def __init__(self, hub: Source, interval_ms: int, model: str | None):
         self.hub, self.interval_ms, self.model = hub, interval_ms, model
         self.readers: set[Reader] = set()
         self.seq = 0

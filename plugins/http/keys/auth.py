@@ -36,6 +36,7 @@ from superfluid.core.errors import SuperfluidError
 
 from ..info.metrics import METRICS
 from ..options import OPTIONS
+from ..loopback import is_loopback_host
 from .limits import response_headers
 
 log = logging.getLogger("superfluid.http")
@@ -148,17 +149,6 @@ def may_see(request, owner: str | None) -> bool:
     sessions, or all of them with an admin key or without a policy."""
     key = request_key(request)
     return key is None or key.admin or owner == key.name
-
-
-def is_loopback_host(host: str | None) -> bool:
-    """Whether a listen address reaches only this machine ("localhost", 127.x, ::1)."""
-    host = (host or "").strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name (or "" for every address) may well be reachable from outside
 
 
 def open_door(host: str | None, key_policy: str | None, insecure: bool) -> str | None:
