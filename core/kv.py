@@ -1,27 +1,29 @@
-"""The KV manager: which slot a lane gets and what seeds it, the prefix cache and its host tier,
-park artifacts, and the pool's pressure (watermarks, refused plans, the OS's).
+"""The KV manager: which slot a lane gets and what seeds it, parking a preempted lane's KV,
+releasing an ended lane's slot (its KV kept as a cached prefix or not), and taking in what a tick
+reported. The room it keeps (the prefix cache, its host tier, evictions under pressure and the
+books of them) is its base, ``core/kv_room.py``.
 
 It answers the scheduler with what it decided (a :class:`Binding`, a :class:`Release`, a
 :class:`~superfluid.core.pool_limit.PoolVerdict`) and queues the engine operations those answers
 need (park, load, save, drop, release) until the next plan carries them. It never writes a lane
 and never calls back into the scheduler: the scheduler applies its answers through the lane's
 methods, and preempts or fails the lanes it names. ``core/prefix.py`` holds the data structures
-it keeps; ``core/pool_limit.py`` how many lanes the pool holds after it refused a plan.
+it keeps; ``core/pool_limit.py`` how many lanes the pool holds after it refused a plan; park
+artifacts are ``core/artifacts.py``'s.
 
 It also reports what the prefix cache holds as it changes (``core/cache_events.py``)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import attrs
 
 from .artifacts import Artifacts
-from .cache_events import CacheEvent, ReportingHostTier
+from .cache_events import CacheEvent
+from .kv_room import HOST_PAUSE_S, KVRoom  # noqa: F401  (HOST_PAUSE_S: read from here by tests)
 from .lane import Lane
-from .pool_limit import PoolLimit, PoolVerdict
 from .prefix import MIN_REUSE, SlotCache
 from .seeding import best_seed, may_reuse, own_head, waiting_for_donors
 from .tick import OWN, Seed, TickPlan, TickResult
@@ -31,8 +33,6 @@ if TYPE_CHECKING:
     from .settings import SchedulerSettings
 
 log = logging.getLogger("superfluid.kv")
-
-HOST_PAUSE_S = 30.0  # after OS pressure, nothing moves to host memory for this long
 
 
 @attrs.frozen
@@ -60,45 +60,20 @@ class Release:
     unseeded: tuple[tuple[Lane, int], ...] = ()
 
 
-class KVManager:
+class KVManager(KVRoom):
     def __init__(self, name: str, capabilities: EngineCapabilities, settings: SchedulerSettings):
-        self.name = name
-        self.caps = capabilities
-        self.settings = settings
+        super().__init__(name, capabilities, settings)
         # the lanes' slots and the engine's spare ones, where the most recent cached prefixes wait
         self.n_slots = settings.max_batch + capabilities.spare_slots
         self.free = list(range(self.n_slots - 1, -1, -1))
-        self.pins = [list(p) for p in settings.pinned_tokens]
-        self.cache = SlotCache(self.pins)
-        self.cache_events: list[CacheEvent] = []  # since the last tick's stats
-        self.host = ReportingHostTier(settings.host_cache_bytes, self.cache_events)
-        self.used, self.capacity, self.parked_bytes = 0, 0, 0
-        # engine operations for the next plan
-        self._release: list[int] = []
-        self._park: list[tuple[int, str]] = []
-        self._drop_parked: list[str] = []
         self._parked: dict[str, Lane] = {}   # park key -> the preempted lane whose KV it holds
         self.artifacts = Artifacts(name)
         self._copy_sources: set[int] = set()  # free slots lanes copy from this tick: keep them whole
-        self._host_paused_until = 0.0
-        self.limit = PoolLimit(name, settings)
-        # counters since the last tick's stats
-        self.evictions: dict[str, int] = {}
-        self.hits = self.hit_tokens = self.rejections = self.host_hits = 0
 
     # ---- work for the next tick -------------------------------------------------------------
 
     def has_work(self) -> bool:
         return bool(self._release or self._drop_parked or self.artifacts.has_work())
-
-    def pin(self, tokens: list[int], pin: bool = True) -> None:
-        if pin:
-            self.pins.append(tokens)
-            self.cache.pin(tokens)
-        else:
-            if tokens in self.pins:
-                self.pins.remove(tokens)
-            self.cache.unpin(tokens)
 
     def fill_plan(self, plan: TickPlan) -> None:
         """Add the queued engine operations to ``plan``, in the order the engine applies them."""
@@ -270,74 +245,6 @@ class KVManager:
             self._count("host_lru", len(dropped))
         return unparked
 
-    @property
-    def occupancy(self) -> float:
-        return self.used / self.capacity if self.capacity else 0.0
-
-    def relieve(self) -> None:
-        """Watermarks: at --pressure-high occupancy evict cached prefixes (least recently used
-        first) down to --pressure-low. Live lanes are never evicted."""
-        if not self.capacity or self.occupancy < self.settings.pressure_high:
-            return
-        used = self.used
-        for slot in self.cache.lru_slots():
-            if used / self.capacity <= self.settings.pressure_low:
-                break
-            used -= self._evict(slot, "watermark")
-
-    def _bound_shared_cache(self) -> None:
-        """In a shared pool cached prefixes take cells the lanes could use: keep at most one lane's
-        context of them (--max-context cells), moving the rest to host memory, least recently
-        used first (pinned ones last), so a waiting entry costs the lanes nothing."""
-        over = self.cache.cached_tokens() - self.settings.context_length
-        for slot in self.cache.lru_slots():
-            if over <= 0:
-                break
-            over -= self._evict(slot, "cache_bound")
-
-    def pool_refused(self, refused: int, lanes: list[Lane], progressed: bool) -> PoolVerdict:
-        """The engine's KV pool could not hold the plan's next step (``refused`` tokens). Free at
-        least the shortfall: cached prefixes first (unpinned least recently used first, pinned
-        last); with none left, requeue the newest lanes (they resume from their tokens) and admit
-        no more lanes than the pool then holds. After repeated refusals with no progress and
-        nothing left to free, the newest lane fails (:meth:`PoolLimit.give_way`)."""
-        self.rejections += 1
-        self.limit.refused(progressed)
-        short = max(1, refused - max(0, self.capacity - self.used))
-        freed = 0
-        for slot in self.cache.lru_slots():
-            if freed >= short:
-                break
-            freed += self._evict(slot, "pool_full")
-        if freed:
-            log.info("model %s: KV pool full (%d tokens refused): evicted %d cached tokens",
-                     self.name, refused, freed)
-            return PoolVerdict()
-        return self.limit.give_way(lanes, short, refused)
-
-    def pool_progressed(self) -> None:
-        self.limit.progressed()
-
-    def os_pressure(self, level: str, now: float) -> None:
-        """OS memory pressure ("warning" or "critical"): drop the host tier and keep it closed for
-        a while, and evict cached prefixes (pinned ones only when critical or nothing else is
-        left)."""
-        self._host_paused_until = now + HOST_PAUSE_S
-        dropped = self.host.clear()
-        self._drop_parked.extend(dropped)
-        if dropped:
-            self._count("host_os_pressure", len(dropped))
-        slots = self.cache.lru_slots()
-        unpinned = [s for s in slots if not self.cache.pinned(s)]
-        if level == "warning" and unpinned:
-            slots = unpinned
-        for slot in slots:
-            self.cache.forget(slot)
-            self._release.append(slot)
-            self._report("removed", slot)
-        if slots:
-            self._count("os_pressure", len(slots))
-
     # ---- the engine lost its KV -------------------------------------------------------------
 
     def forget_engine_state(self, queue: list[Lane]) -> None:
@@ -357,47 +264,3 @@ class KVManager:
         self._drop_parked.clear()
         self._release.clear()
 
-    # ---- helpers ------------------------------------------------------------------------------
-
-    def _host_open(self) -> bool:
-        """Nothing moves to host memory for a while after OS memory pressure."""
-        return self.caps.supports_parking and time.monotonic() >= self._host_paused_until
-
-    def _evict(self, slot: int, reason: str) -> int:
-        """Evict a free slot's cached prefix (to the host tier if it takes it); its length."""
-        tokens = self.cache.tokens(slot)
-        self._evict_to_host(slot, tokens, reason)
-        self.cache.forget(slot)
-        self._release.append(slot)
-        self._report("removed", slot)
-        return len(tokens)
-
-    def _evict_to_host(self, slot: int, tokens: list[int], reason: str) -> None:
-        key = self.host.add(tokens, adapters=self.cache.adapters(slot)) if self._host_open() else None
-        if key is not None:
-            self._park.append((slot, key))
-        self._count(reason)
-
-    def _count(self, reason: str, n: int = 1) -> None:
-        self.evictions[reason] = self.evictions.get(reason, 0) + n
-
-    def _held(self, slot: int, tokens: list[int], length: int, adapters: tuple = ()) -> None:
-        self.cache_events.append(CacheEvent("stored", "gpu", slot, tokens, length, adapters))
-
-    def _report(self, kind: str, slot: int) -> None:
-        self.cache_events.append(CacheEvent(kind, "gpu", slot))
-
-    def take_cache_events(self) -> list[CacheEvent]:
-        """What the prefix cache stored, removed or cleared since the last call, in order."""
-        if not self.cache_events:
-            return []
-        out = list(self.cache_events)
-        self.cache_events.clear()  # the same list: the host tier appends to it
-        return out
-
-    def take_counters(self) -> tuple[dict[str, int], int, int, int, int]:
-        """(evictions by reason, cache hits, hit tokens, refused plans, hits seeded from host
-        memory) since the last call."""
-        out = (self.evictions, self.hits, self.hit_tokens, self.rejections, self.host_hits)
-        self.evictions, self.hits, self.hit_tokens, self.rejections, self.host_hits = {}, 0, 0, 0, 0
-        return out

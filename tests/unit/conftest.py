@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import superfluid.core.kv as kv_mod
+import superfluid.core.kv_room as kv_room_mod
 import superfluid.core.prefix as prefix_mod
 import superfluid.core.pressure as pressure_mod
 import superfluid.core.scheduler as scheduler_mod
@@ -106,7 +106,7 @@ def stepped(make, monkeypatch):
     the scheduler's and KV manager's clock only moves when the test advances it."""
     clock = Clock()
     monkeypatch.setattr(pressure_mod, "PRESSURE_CHECK_S", 0.0)
-    for mod in (kv_mod, scheduler_mod):
+    for mod in (kv_room_mod, scheduler_mod):
         monkeypatch.setattr(mod, "time", fake_time(clock))
 
     def factory(*, kv_capacity=None, level="ok", **settings):
