@@ -46,7 +46,7 @@ EXPOSE_HEADERS = ", ".join([
     *(f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens") for what in ("limit", "remaining", "reset")),
 ])
 MAX_AGE = "600"  # seconds a browser may reuse a preflight's answer (Chromium caps it at 7200)
-ROUTE = "superfluid.preflight_route"  # request[ROUTE]: the pattern a preflight's path matched, for /metrics
+ROUTE = web.RequestKey("superfluid.preflight_route", str)  # request[ROUTE]: the preflight path's pattern, for /metrics
 
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 _TOKEN_LIST = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+(\s*,\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+)*")

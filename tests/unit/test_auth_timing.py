@@ -70,7 +70,10 @@ def app_with(seen: list) -> web.Application:
         current=parse_policy(POLICY, "p.toml")), CONFIG)])
     app.on_response_prepare.append(auth.qos_header(CONFIG))
     app.router.add_post("/gen", generate)
-    app.router.add_get("/health", lambda request: web.json_response({"status": "ok"}))
+    async def health(request):  # a handler is a coroutine (aiohttp deprecates bare functions)
+        return web.json_response({"status": "ok"})
+
+    app.router.add_get("/health", health)
     return app
 
 

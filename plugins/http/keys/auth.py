@@ -35,19 +35,20 @@ from superfluid.core import qos as qos_classes
 from superfluid.core.errors import SuperfluidError
 
 from ..info.metrics import METRICS
-from ..options import OPTIONS
 from ..loopback import is_loopback_host
+from ..options import OPTIONS
 from .limits import response_headers
+from .policy import Key
 
 log = logging.getLogger("superfluid.http")
 
 QOS_HEADER = "x-superfluid-qos"
-KEY = "superfluid.key"      # request[KEY]: the policy's Key, or absent without a policy
-APPLIED = "superfluid.qos"  # request[APPLIED]: the class a generation or session got
+# Typed request keys (aiohttp's own kind: a plain string key warns, NotAppKeyWarning)
+KEY = web.RequestKey("superfluid.key", Key)      # request[KEY]: the policy's Key, or absent without a policy
+APPLIED = web.RequestKey("superfluid.qos", str)  # request[APPLIED]: the class a generation or session got
 PUBLIC = ("/health", "/", "/api/version")  # liveness probes carry no key (Ollama's clients probe / and its version)
 PROBES = ("/metrics", "/v1/models", "/api/tags", "/api/ps")  # scraped without a key, public under --http-open-probes
 QUERY_KEY = ("/events", "/dashboard")  # a browser's EventSource sends no headers: ?key=SECRET there only
-COST = "superfluid.auth_cost"  # request[COST]: the _Cost of its authentication and key limits
 
 
 class Unauthorized(SuperfluidError):
@@ -74,6 +75,9 @@ class _Cost:
         if not self.observed:
             self.observed = True
             METRICS.auth_timed(self.seconds)
+
+
+COST = web.RequestKey("superfluid.auth_cost", _Cost)  # request[COST]: its authentication and key limits' cost
 
 
 _CURRENT: contextvars.ContextVar[_Cost | None] = contextvars.ContextVar("superfluid_auth_cost", default=None)

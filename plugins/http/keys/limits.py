@@ -39,9 +39,12 @@ import math
 import threading
 import time
 
+from aiohttp import web
+
 from .rate_limit import RateLimited, TokenBucket
 
-HEADERS = "superfluid.ratelimit"  # request[HEADERS]: (KeyLimits, Key) for the x-ratelimit-* headers
+# request[HEADERS]: (KeyLimits, Key) for the x-ratelimit-* headers (a typed key: aiohttp warns on a string)
+HEADERS = web.RequestKey("superfluid.ratelimit", tuple)
 NO_KEY = "-"  # the key label of requests without a key policy
 PRUNE_AT = 1024
 
