@@ -60,6 +60,16 @@ class Config:
         return self.values.get(key, default)
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``45s``, ``30m``, ``12h`` or ``7d``."""
+    text = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}.get(text[-1:], None)
+    try:
+        return float(text[:-1] if scale else text) * (scale or 1.0)
+    except ValueError:
+        raise ConfigError(f"expected seconds or a duration such as 45s, 30m, 12h or 7d, got {text!r}") from None
+
+
 def _one_of(*values: str) -> Check:
     def check(value):
         return None if value in values else f"must be one of {', '.join(values)}"
@@ -127,6 +137,13 @@ def core_options() -> list[Option]:
                "'truncate' leaves the oldest messages out of the prompt (keeping the system prompt and the first "
                "user message) until it fills half the context; 'error' answers 400 context_length_exceeded",
                lambda v: None if v in ("truncate", "error") else "must be truncate or error", metavar="POLICY"),
+        Option("responses-ttl", float, 30 * 86400.0, "seconds a stored response (Responses API, store: true) is "
+               "kept after it was created, then it is a 404 and, once its conversation holds no stored response, "
+               "the conversation's log and park artifact are deleted; a suffix s, m, h or d names the unit "
+               "(12h, 7d); 0: kept until --responses-max evicts it", in_range(0.0), metavar="DURATION",
+               parse=parse_duration),
+        Option("responses-max", int, 10000, "most stored responses kept; over it the oldest is evicted first "
+               "(0: no cap)", in_range(0), metavar="N"),
         Option("shutdown-timeout", float, 30.0, "on SIGTERM/SIGINT, seconds to let running requests finish "
                "and persist sessions before exiting", in_range(0.0, 3600.0), metavar="S"),
         Option("log-level", str, "info", "logging level",

@@ -130,7 +130,8 @@ def replay(path: Path) -> Session | None:
                         raise ValueError("the first record is not a create")
                     session = Session(id=rec["id"], model=rec["model"], qos=rec["qos"],
                                       system=rec.get("system"), pin_system=bool(rec.get("pin_system")),
-                                      created=float(rec.get("created", 0)), owner=rec.get("owner"))
+                                      created=float(rec.get("created", 0)), owner=rec.get("owner"),
+                                      origin=rec.get("origin"))
                 elif op == "turn":
                     if not isinstance(rec["messages"], list) or not isinstance(rec["reply"], dict):
                         raise ValueError("a turn needs messages and a reply")

@@ -30,6 +30,7 @@ class Session:
     pinned_by: object | None = attrs.field(default=None, repr=False)
     window_start: int = 0  # messages before this index (bar the anchor) no longer reach the prompt
     owner: str | None = None  # the name of the API key that opened it (an opaque string; None: no policy)
+    origin: str | None = None  # the front end that opened it, when not POST /v1/sessions (e.g. "responses")
     # turn number (1-based) → what the front end that ran the turn keeps with it (the Responses
     # API's stored response object), logged with the turn so it survives a restart
     extras: dict[int, dict] = attrs.field(factory=dict)

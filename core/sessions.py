@@ -77,14 +77,17 @@ class SessionStore:
 
 
     def create(self, model: str, qos: str, system: str | None, pin_system: bool = False,
-               owner: str | None = None) -> Session:
+               owner: str | None = None, origin: str | None = None) -> Session:
         """A new session; ``owner``: who opened it (a front end's name for the client, e.g. its
-        API key's), kept in the log so ownership survives a restart."""
+        API key's), kept in the log so ownership survives a restart; ``origin``: the front end
+        that opened it on its own (the Responses API: its retention may :meth:`remove` it)."""
         session = Session(id="sess_" + secrets.token_hex(12), model=model, qos=qos, system=system,
-                          pin_system=pin_system, owner=owner)
-        self._append(session, {"op": "create", "id": session.id, "model": model, "qos": qos,
-                               "system": system, "pin_system": pin_system, "created": session.created,
-                               "owner": owner})
+                          pin_system=pin_system, owner=owner, origin=origin)
+        record = {"op": "create", "id": session.id, "model": model, "qos": qos, "system": system,
+                  "pin_system": pin_system, "created": session.created, "owner": owner}
+        if origin is not None:
+            record["origin"] = origin
+        self._append(session, record)
         self.sessions[session.id] = session  # only once its log exists: a restart knows it too
         log.info("session %s created on %s (%s)", session.id, model, qos)
         return session
@@ -186,6 +189,22 @@ class SessionStore:
         self._append(session, {"op": "close"})
         session.state = "closed"
         self._drop_artifact(session)
+
+    def remove(self, session: Session) -> None:
+        """Forget a session entirely: from memory, and its log and park artifact from the state dir
+        (a stored response's conversation evicted by its front end's retention). A KV prefix the
+        engines still cache stays, as any cached prefix does, until the pool needs the room."""
+        self.sessions.pop(session.id, None)
+        session.state = "closed"
+        self._drop_artifact(session)
+        if self.dir is not None:
+            try:
+                self._log_path(session.id).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("session %s: its log could not be removed (%s)", session.id, exc.strerror or exc)
+        log.info("session %s removed (%d turns)", session.id, session.turns)
 
     def _drop_artifact(self, session: Session) -> None:
         session.artifact_tokens = None

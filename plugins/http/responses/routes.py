@@ -1,6 +1,6 @@
 """The Responses API's routes: ``POST /v1/responses`` (create), ``GET`` and ``DELETE
-/v1/responses/{response_id}``, ``POST /v1/responses/{response_id}/cancel`` and ``POST
-/v1/responses/input_tokens``.
+/v1/responses/{response_id}``, ``GET /v1/responses/{response_id}/input_items``, ``POST
+/v1/responses/{response_id}/cancel`` and ``POST /v1/responses/input_tokens``.
 
 A response is a chat completion run by the OpenAI routes (:meth:`~..openai.routes.OpenAIRoutes.generate_chat`:
 the same preparation, admission, key limits, QoS and errors) with the :class:`.wire.ResponsesWire`
@@ -10,22 +10,27 @@ rules (ownership, one running turn, resuming a parked session, the history windo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from aiohttp import web
 
+from superfluid.core.config import CORE_OPTIONS
 from superfluid.core.errors import InvalidRequest
 
 from ..body import read_as
 from ..keys.auth import check_model, may_see, request_key
 from ..manage.sessions import SessionRoutes, reply_message
 from .chains import Chains
+from .input_items import input_item_objects, page
 from .mapping import chat_request, input_messages, stored
 from .objects import ResponseShape
 from .protocol import ResponsesInput, ResponsesInputTokensRequest, ResponsesRequest
 from .wire import ResponsesWire
 
 CANCEL_WAIT = 30.0  # seconds a cancel waits for the cancelled generation to end (within a tick, as a rule)
+log = logging.getLogger("superfluid.responses")
+SWEEP_EVERY = 60.0  # seconds between retention sweeps with no traffic (a shorter --responses-ttl: a tenth of it)
 
 
 class _Running:
@@ -54,16 +59,35 @@ class ResponsesRoutes:
         self.config = config
         self.openai = openai  # runs the generation: the chat path, with this API's wire
         self.sessions = SessionRoutes(daemon, config, openai)  # the session rules (its routes are added once, elsewhere)
-        self.chains = Chains(daemon.sessions)
+        core = CORE_OPTIONS.of(config)
+        self.chains = Chains(daemon.sessions, ttl=core.responses_ttl, cap=core.responses_max)
         self.running: dict[str, _Running] = {}
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post("/v1/responses", self.create)
         app.router.add_post("/v1/responses/input_tokens", self.input_tokens)
         app.router.add_get("/v1/responses/{response_id}", self.show)
+        app.router.add_get("/v1/responses/{response_id}/input_items", self.input_items)
         app.router.add_delete("/v1/responses/{response_id}", self.delete)
         app.router.add_post("/v1/responses/{response_id}/cancel", self.cancel)
+        app.cleanup_ctx.append(self._sweeping)
 
+    async def _sweeping(self, app):
+        """Retention runs with no traffic too, so an idle daemon frees what expired."""
+        ttl = self.chains.ttl
+        every = min(SWEEP_EVERY, max(ttl / 10, 0.5)) if ttl > 0 else SWEEP_EVERY
+
+        async def run():
+            while True:
+                try:
+                    self.chains.sweep()
+                except Exception as exc:  # the next sweep retries
+                    log.warning("stored responses: the retention sweep failed (%s)", exc)
+                await asyncio.sleep(every)
+
+        task = asyncio.get_running_loop().create_task(run())
+        yield
+        task.cancel()
     # ---- create ------------------------------------------------------------------------------
 
     async def create(self, request: web.Request) -> web.StreamResponse:
@@ -87,7 +111,8 @@ class ResponsesRoutes:
                     prep = wire.prep
                     reply.session = self.chains.record(
                         request, session, model=prep.runtime.name, qos=prep.request.qos, new=stored(new),
-                        reply=reply.message, prompt_tokens=reply.prompt_tokens, response=response)
+                        reply=reply.message, prompt_tokens=reply.prompt_tokens, response=response,
+                        input_items=input_item_objects(req))
 
             wire = ResponsesWire(ResponseShape(req), on_response=responded)
             key = request_key(request)
@@ -164,6 +189,11 @@ class ResponsesRoutes:
         if running is not None:
             return web.json_response(running.wire.snapshot())
         return web.json_response(self.chains.find(request, response_id)[2])
+
+    async def input_items(self, request: web.Request) -> web.Response:
+        """The input items of a stored response, paged as OpenAI pages them (:mod:`.input_items`)."""
+        items = self.chains.input_items(request, request.match_info["response_id"])
+        return web.json_response(page(items, request.query))
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
