@@ -64,13 +64,17 @@ def engine(hf):
 
 @pytest.fixture(scope="module")
 def runner(hf):
-    """A runner in this process (factory: a fresh one each call, sharing the loaded model)."""
+    """A runner in this process (factory: a fresh one each call, sharing the loaded model).
+    ``image_encoding="tick"`` for a test that reads one tick's result: with the default
+    (background) encoding a tick may end while its image still encodes, having fed only the
+    tokens before it, which is right for the scheduler and a race for such a test."""
     if not vision.mlx_vlm_installed():
         pytest.skip("mlx-vlm is not installed (pip install 'superfluid[mlx-vlm]')")
     from superfluid.plugins.mlx.runner import MlxRunner
 
     model, encoder = vision.load(hf)
-    return lambda: MlxRunner(model, set(), StopFlag(), 4 * 2048, encoder=encoder)
+    return lambda image_encoding=None: MlxRunner(model, set(), StopFlag(), 4 * 2048, encoder=encoder,
+                                                 image_encoding=image_encoding)
 
 
 def quadrants(size: int = 64) -> Image:
@@ -182,7 +186,7 @@ def test_two_images_fed_in_pieces_equal_them_fed_whole(runner, hf):
     assert whole[0] == want
     first, second = spans[0], spans[-1]  # the first image's first tile, the second's global image
     cuts = sorted({first.start - 1, first.start + 1, first.start + 2, second.start, second.start + 3, second.end + 1})
-    r = runner()
+    r = runner("tick")
     pos, encoded = 0, 0
     for end in cuts:
         res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=pos, feed=tokens[pos:end], sample=False, reset=pos == 0,
@@ -196,7 +200,7 @@ def test_two_images_fed_in_pieces_equal_them_fed_whole(runner, hf):
     assert res.lanes[0].tokens == want
     assert encoded + res.encoded == 2
     # a whole feed in steps of 3 tokens: images split across steps
-    r = runner()
+    r = runner("tick")
     res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(tokens), sample=True, max_new=MAX_NEW, reset=True,
                                          sampling=GREEDY, ignore_eos=True, media=spans)], step_tokens=3))
     assert res.lanes[0].tokens == want and len(res.steps) > len(tokens) // 3
@@ -223,8 +227,8 @@ def test_logprobs_after_an_image_equal_transformers(runner, hf):
     """Greedy tokens hardly see the order of an image's rows in a model this small (the last
     position's logits move by ~3e-3 when they are reversed); its log-probabilities do."""
     tokens, spans = ref.prompt(hf, "Look:", [quadrants()], " What is top left?")
-    res = runner().run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(tokens), sample=True, max_new=1, reset=True,
-                                                sampling=SamplingParams(temperature=0.0, logprobs=5),
+    res = runner("tick").run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(tokens), sample=True, max_new=1,
+                                                      reset=True, sampling=SamplingParams(temperature=0.0, logprobs=5),
                                                 media=spans)], step_tokens=5))
     want = _reference_logprobs(hf, tokens, spans)
     got = res.lanes[0].logprobs[0]
@@ -249,7 +253,7 @@ def test_the_encoders_rows_equal_transformers_image_features(hf, size):
 @needs_mlx_vlm
 def test_penalties_never_see_a_placeholder(runner, hf):
     tokens, spans = _prompt(hf, RED)
-    r = runner()
+    r = runner("tick")
     sampling = SamplingParams(temperature=0.0, repeat_penalty=1.3, presence_penalty=0.5, penalty_last_n=64)
     res = r.run(TickPlan(lanes=[LanePlan(slot=0, pos=0, feed=list(tokens), sample=True, max_new=4, reset=True,
                                          sampling=sampling, ignore_eos=True, media=spans)]))
