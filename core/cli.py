@@ -12,7 +12,7 @@ from typing import Callable
 
 import attrs
 
-from . import __version__, plugin_report
+from . import __version__, lane_guard, plugin_report
 from .config import CORE_OPTIONS, Schema, add_flags, build_config, model_registrar, read_toml
 from .daemon import Daemon, print_progress
 from .errors import ConfigError, SuperfluidError
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=CORE_OPTIONS.of(config).log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lane_guard.install_from_environment()  # SUPERFLUID_LANE_GUARD: the tests' lane-ownership check
     daemon = None
     try:
         daemon = Daemon(config, pm)

@@ -2,15 +2,44 @@
 
 from __future__ import annotations
 
+import os
 
 import pytest
 
+from superfluid.core import lane_guard
 from superfluid.core.default_model import default_model_path
 
 from .serverproc import ServerProcess
 
 # Small enough for CI's two cores, big enough for every test prompt.
 TEST_CONTEXT = "2048"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lane_strays(tmp_path_factory):
+    """Every daemon these tests start runs under the lane-ownership guard (``core/lane_guard.py``):
+    ``SUPERFLUID_LANE_GUARD`` names this file, where a daemon appends each stray lane write
+    (its log has the error too). Set in the environment, so servers started any way inherit it."""
+    path = tmp_path_factory.mktemp("lane_guard") / "strays.txt"
+    path.touch()
+    old = os.environ.get(lane_guard.ENV)
+    os.environ[lane_guard.ENV] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop(lane_guard.ENV, None)
+    else:
+        os.environ[lane_guard.ENV] = old
+
+
+@pytest.fixture(autouse=True)
+def lane_fields_owned(lane_strays):
+    """Fails the test during which a daemon wrote a lane's field outside the lane's methods."""
+    seen = lane_strays.stat().st_size
+    yield
+    with open(lane_strays) as f:
+        f.seek(seen)
+        new = f.read()
+    assert not new, f"a daemon wrote lane fields outside core/lane.py (see its log):\n{new}"
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,8 @@ manager (the default qos policies, loaded through the entry points), loops on fa
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,8 +14,7 @@ import superfluid.core.kv_room as kv_room_mod
 import superfluid.core.prefix as prefix_mod
 import superfluid.core.pressure as pressure_mod
 import superfluid.core.scheduler as scheduler_mod
-import superfluid.plugins
-from superfluid.core.lane import Lane
+from superfluid.core import lane_guard
 from superfluid.core.loop import ModelLoop
 from superfluid.core.plugins import make_plugin_manager
 from superfluid.core.settings import SchedulerSettings
@@ -25,27 +22,18 @@ from superfluid.core.settings import SchedulerSettings
 from .fakes import WAIT, Clock, FakeEngine, LevelSource, StatsObserver
 
 
-PROMPT_WORK_FIELDS = {"prompt_logprobs", "scores_sent", "embedding_sum", "pooled"}
-
-
 @pytest.fixture(autouse=True)
-def lane_fields_owned(monkeypatch):
+def lane_fields_owned():
     """Every unit test holds the daemon to the rule of ``core/lane.py``: a lane's fields are
     written by its own methods (the prompt work's by ``core/prompt_work.py``), never by the
-    scheduler, the KV manager or a plugin. Tests may set lanes up as they like."""
-    core = Path(scheduler_mod.__file__).parent
-    daemon = (core, Path(superfluid.plugins.__file__).parent)
+    scheduler, the KV manager or a plugin (``core/lane_guard.py``, the same guard the server
+    tests' daemons run under). Tests may set lanes up as they like."""
     strays: set[tuple[str, str]] = set()
-
-    def owned_setattr(lane, name, value):
-        path = Path(sys._getframe(1).f_code.co_filename)
-        owner = path == core / "lane.py" or (path == core / "prompt_work.py" and name in PROMPT_WORK_FIELDS)
-        if not owner and any(d in path.parents for d in daemon):
-            strays.add((str(path), name))
-        object.__setattr__(lane, name, value)
-
-    monkeypatch.setattr(Lane, "__setattr__", owned_setattr)
-    yield
+    uninstall = lane_guard.install(lambda path, name: strays.add((path, name)))
+    try:
+        yield
+    finally:
+        uninstall()
     assert not strays, f"lane fields written outside core/lane.py: {sorted(strays)}"
 
 
