@@ -12,6 +12,7 @@ hiding an import from this test."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +91,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     modules = module_files()
     return {name: imports_of(name, path, modules) if path else set() for name, path in modules.items()}
