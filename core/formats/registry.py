@@ -33,19 +33,27 @@ class Detected:
                 "reasoning_parser_source": self.reasoning_source}
 
 
+@attrs.frozen
+class NamedTemplate:
+    """A chat template a model can be given by name (``chat-template NAME``), registered through
+    ``superfluid_add_chat_formats`` like a format."""
+
+    name: str
+    template: str
+    description: str = ""
+
+
 class FormatRegistry:
     """Tool-call and reasoning formats, registered by plugins (``superfluid_add_chat_formats``)."""
 
     def __init__(self):
         self.tool_formats: dict[str, ToolFormat] = {}
         self.reasoning_formats: dict[str, ReasoningFormat] = {}
-        self.templates: dict[str, object] = {}  # NamedTemplate by name
+        self.templates: dict[str, NamedTemplate] = {}
 
     def add(self, fmt) -> None:
         """Register a :class:`ToolFormat`, a :class:`ReasoningFormat` or a named chat template
-        (:class:`~.setup.NamedTemplate`); its name must be new among those of its kind."""
-        from .setup import NamedTemplate
-
+        (:class:`NamedTemplate`); its name must be new among those of its kind."""
         table = (self.reasoning_formats if isinstance(fmt, ReasoningFormat)
                  else self.templates if isinstance(fmt, NamedTemplate) else self.tool_formats)
         if fmt.name in table or fmt.name in (AUTO, NONE):

@@ -15,17 +15,7 @@ import pathlib
 import attrs
 
 from ..errors import ConfigError
-from .registry import AUTO, Detected, FormatRegistry
-
-
-@attrs.frozen
-class NamedTemplate:
-    """A chat template a model can be given by name (``chat-template NAME``), registered through
-    ``superfluid_add_chat_formats`` like a format."""
-
-    name: str
-    template: str
-    description: str = ""
+from .registry import AUTO, Detected, FormatRegistry, NamedTemplate  # noqa: F401  (NamedTemplate: imported from here too)
 
 
 @attrs.frozen
