@@ -59,7 +59,8 @@ def test_create_sync_and_async(client, srv):
     assert msg.type == "message" and msg.role == "assistant" and msg.model == "smollm2"
     assert msg.content and msg.content[0].type == "text" and msg.content[0].text
     assert msg.stop_reason in ("end_turn", "max_tokens")
-    assert msg.usage.output_tokens >= 1 and msg.usage.input_tokens + msg.usage.cache_read_input_tokens > 5
+    assert msg.usage.output_tokens >= 1 and (msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+                                           + msg.usage.cache_creation_input_tokens) > 5
 
     async def run():
         async with anthropic.AsyncAnthropic(base_url=srv.base, api_key=KEY, max_retries=0) as aclient:

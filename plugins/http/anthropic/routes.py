@@ -46,8 +46,8 @@ class AnthropicRoutes:
         arrived = time.monotonic()
         req = await read_as(request, MessagesRequest)
         chat = chat_request(req, self._trailing_system(request, req.model))
-        return await self.openai.generate_chat(request, chat, wire=AnthropicWire(req.model), arrived=arrived,
-                                               limit_is_ceiling=True)
+        return await self.openai.generate_chat(request, chat, wire=AnthropicWire(req.model, req.max_tokens),
+                                               arrived=arrived, limit_is_ceiling=True)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         """The prompt's tokens, as ``usage`` would count them (input + cache read + cache creation)."""

@@ -15,11 +15,22 @@ deltas, the parsed tool calls whole, the finish, then the usage chunk that
   usage) and ``message_stop``. ``ping`` every few seconds while nothing else is sent (a long
   prefill); a failure midway ends with an ``error`` event.
 
-**Usage.** Anthropic splits the prompt three ways: ``input_tokens`` (computed for this request),
+**Usage.** Anthropic splits the prompt three ways: ``input_tokens`` (computed and not kept),
 ``cache_read_input_tokens`` (served from the prompt cache) and ``cache_creation_input_tokens``
-(written to it). Superfluid's prefix cache keeps every prompt without a separate write, so
-``cache_read_input_tokens`` is what the prefix cache served, ``input_tokens`` the rest, and
-``cache_creation_input_tokens`` is 0; the three sum to the prompt."""
+(computed and written to it, for later requests to read). Superfluid's prefix cache has no
+separate write: a lane that finishes leaves its KV in its slot as a cached prefix, on an engine
+that keeps prefixes (``EngineCapabilities.prefix_cache``). So ``cache_read_input_tokens`` is what
+the prefix cache (pool or host tier) served, ``cache_creation_input_tokens`` the rest of the prompt,
+prefilled now and kept for reuse (0 on an engine without a prefix cache, or for a prompt shorter
+than the shortest prefix ever reused, ``MIN_REUSE``), and ``input_tokens`` what is left (the whole
+uncached prompt there, else 0); the three sum to the prompt. A stream's ``message_start`` is sent
+before the lane is admitted, when the split is not known: it counts the prompt as
+``input_tokens`` with both cache fields null, and ``message_delta`` carries the split.
+
+**Stop reasons.** ``max_tokens`` is a ceiling cut to what the context leaves (the route runs with
+``limit_is_ceiling``): a reply cut short of the asked ``max_tokens`` because prompt and reply
+filled the context window stops with ``model_context_window_exceeded`` (Anthropic's reason for
+it), one that reached ``max_tokens`` (or the key's cap) with ``max_tokens``."""
 
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ import uuid
 from aiohttp import web
 
 from superfluid.core.errors import InvalidRequest
+from superfluid.core.prefix import MIN_REUSE
 
 from ..openai.replies import error_body, status_of
 from ..wire import Wire
@@ -59,8 +71,12 @@ def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, cached: int, output_tokens: int) -> dict:
-    return {"input_tokens": max(0, prompt_tokens - cached), "cache_creation_input_tokens": 0,
+def usage(prompt_tokens: int, cached: int, output_tokens: int, keeps_prefixes: bool = False) -> dict:
+    """Anthropic's usage (see the module's words): ``keeps_prefixes``: the engine keeps a finished
+    lane's KV as a cached prefix, so the prompt's uncached rest is written to the cache."""
+    cached = min(max(cached, 0), prompt_tokens)
+    created = prompt_tokens - cached if keeps_prefixes and prompt_tokens >= MIN_REUSE else 0
+    return {"input_tokens": prompt_tokens - cached - created, "cache_creation_input_tokens": created,
             "cache_read_input_tokens": cached, "output_tokens": output_tokens}
 
 
@@ -78,9 +94,10 @@ class AnthropicWire(Wire):
     always_usage = True  # message_delta carries usage
     ping_every = 5.0
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, max_tokens: int | None = None):
         super().__init__()
         self.model = model
+        self.max_tokens = max_tokens  # what the client asked for (a ceiling)
         self.id = new_message_id()
         self.index = -1  # the open content block's index (-1: none yet)
         self.open: str | None = None  # its kind: "text" | "thinking" | None (closed)
@@ -96,10 +113,20 @@ class AnthropicWire(Wire):
             # no param: Anthropic's message is the whole text, which clients match on
             raise InvalidRequest(f"prompt is too long: {n} tokens > {ctx - 1} maximum", code="context_length_exceeded")
 
-    def _stop(self, finish: str | None, stop_string: str | None) -> tuple[str, str | None]:
+    def _stop(self, finish: str | None, stop_string: str | None, prompt: int = 0,
+              output: int = 0) -> tuple[str, str | None]:
         if finish == "stop" and stop_string is not None:
             return "stop_sequence", stop_string
+        if finish == "length" and self.prep is not None and self.max_tokens is not None and output < self.max_tokens \
+                and prompt + output >= self.prep.runtime.loop.settings.context_length:
+            return "model_context_window_exceeded", None
         return _STOP_REASONS.get(finish or "stop", "end_turn"), None
+
+    def _usage(self, u: dict) -> dict:
+        """The chat usage ``u`` in Anthropic's words."""
+        caps = getattr(self.prep.runtime.engine, "capabilities", None) if self.prep is not None else None
+        return usage(u.get("prompt_tokens", 0), (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                     u.get("completion_tokens", 0), keeps_prefixes=bool(getattr(caps, "prefix_cache", False)))
 
     # ---- a reply sent whole -----------------------------------------------------------------
 
@@ -114,13 +141,12 @@ class AnthropicWire(Wire):
         for call in message.get("tool_calls") or ():
             content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                             "input": _input(call["function"]["arguments"])})
-        stop_reason, stop_sequence = self._stop(choice["finish_reason"], choice.get("stop_reason"))
         u = body["usage"]
+        stop_reason, stop_sequence = self._stop(choice["finish_reason"], choice.get("stop_reason"),
+                                                u["prompt_tokens"], u["completion_tokens"])
         return web.json_response({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": usage(u["prompt_tokens"], (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                           u["completion_tokens"])})
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": self._usage(u)})
 
     def error(self, exc: BaseException | None) -> web.StreamResponse:
         status = status_of(exc)
@@ -135,7 +161,9 @@ class AnthropicWire(Wire):
     def opening(self) -> list[bytes]:
         n = len(self.prep.request.prompt_tokens) if self.prep is not None else 0
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": usage(n, 0, 0)}
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": n, "cache_creation_input_tokens": None, "cache_read_input_tokens": None,
+                             "output_tokens": 0}}  # the split is not known before admission
         return [self._event("message_start", {"type": "message_start", "message": message})]
 
     def _start(self, block: dict) -> list[bytes]:
@@ -181,12 +209,11 @@ class AnthropicWire(Wire):
     def closing(self, usage_chunk: dict | None) -> list[bytes]:
         out = self._close()
         u = (usage_chunk or {}).get("usage") or {}
-        stop_reason, stop_sequence = self._stop(self.finish, self.stop_string)
-        prompt = u.get("prompt_tokens", 0)
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        stop_reason, stop_sequence = self._stop(self.finish, self.stop_string, u.get("prompt_tokens", 0),
+                                                u.get("completion_tokens", 0))
         out.append(self._event("message_delta", {
             "type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": usage(prompt, cached, u.get("completion_tokens", 0))}))
+            "usage": self._usage(u)}))
         out.append(self._event("message_stop", {"type": "message_stop"}))
         return out
 
