@@ -66,7 +66,8 @@ def cap_srv(start_server, tmp_path_factory):
 
 def test_input_items_are_listed_and_paged_as_openai_pages_them(cap_srv):
     client = _client(cap_srv)
-    texts = [f"Note number {i}: remember the word {w}." for i, w in enumerate(["apple", "birch", "cedar", "dune", "ember"])]
+    words = ["apple", "birch", "cedar", "dune", "ember"]
+    texts = [f"Note number {i}: remember the word {w}." for i, w in enumerate(words)]
     resp = client.responses.create(model="smollm2", max_output_tokens=4, temperature=0, instructions="Be brief.",
                                    input=[{"role": "user", "content": t} for t in texts])
     everything = list(client.responses.input_items.list(resp.id, limit=2, order="asc"))  # auto-paginates

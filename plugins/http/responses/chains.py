@@ -14,7 +14,8 @@ key's response is a 404, as if it did not exist; deleting a session's latest res
 session.
 
 Retention (``--responses-ttl``, ``--responses-max``): a stored response kept longer than the TTL
-(counted from when it was stored, as it finished), or the oldest while more than the cap are stored, is evicted — a 404 from then on, with a log line.
+(counted from when it was stored, as it finished), or the oldest while more than the cap are
+stored, is evicted: a 404 from then on, with a log line.
 Its turn stays in its conversation while the conversation holds another stored response; once
 it holds none (no one can continue it), the session the Responses API opened is removed,
 its log and park artifact deleted. A session opened by ``POST /v1/sessions`` is never removed.
