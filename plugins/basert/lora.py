@@ -2,11 +2,12 @@
 
 For each linear layer an adapter targets, a row's output becomes ``W x + sum over its set of
 B(A x) * (s * scale)`` (``s`` is the adapter's own ``lora_alpha / r``, PEFT's scaling; ``scale``
-the request's), as PEFT computes it. The step's rows are grouped by adapter, not by set: an
-adapter's two small matmuls run once over every row whose set holds it (gathered when other rows
-are in the step, each with its scale), and the sum is added back in place. A step with no
-adapter row costs one check per linear layer, and the hooks exist only while an adapter is
-loaded (:mod:`.lora_files` reads the files).
+the request's), as PEFT computes it. Each adapter of the step runs its two small matmuls once
+over all the step's rows, times a per-row scale that is 0 for the rows whose set lacks it (a
+base row gets exactly its own output): at rank r that costs about 2r / hidden of the layer's own
+product, with no gather or scatter of rows. A step
+with no adapter row costs one check per linear layer, and the hooks exist only while an adapter
+is loaded (:mod:`.lora_files` reads the files).
 
 The deltas are added by forward hooks on the model's ``nn.Linear`` modules (``Layer.q`` ...
 ``Layer.down``), so the model's code is unchanged. A decode step that would replay a CUDA graph
@@ -49,8 +50,8 @@ class RowLora:
         self.model = model
         self.adapters: dict[str, Weights] = {}
         self.hooks: list = []
-        # the step's groups: (adapter weights, row index or None for every row, per-row scale [n, 1])
-        self.groups: list[tuple[Weights, torch.Tensor | None, torch.Tensor]] = []
+        # the step's terms: (adapter weights, each row's scale under it [n, 1], 0 where its set lacks it)
+        self.groups: list[tuple[Weights, torch.Tensor]] = []
 
     def load(self, name: str, path: str) -> str | None:
         """Load ``path`` as ``name`` (replacing an adapter of that name); why not, or None."""
@@ -86,21 +87,17 @@ class RowLora:
             if not self.groups:
                 return None
             x = inputs[0]
-            for weights, rows, scales in self.groups:
+            for weights, scales in self.groups:
                 ab = weights.get(key)
-                if ab is None:
-                    continue
-                a, b, s = ab
-                if rows is None:
+                if ab is not None:
+                    a, b, s = ab
                     out = out + (x @ a.T) @ b.T * (scales * s)
-                else:
-                    out = out.index_add(0, rows, (x.index_select(0, rows) @ a.T) @ b.T * (scales * s))
             return out
 
         return add_delta
 
     def begin(self, row_sets: list[AdapterSet]) -> bool:
-        """Group the step's rows (one set per flat row) by adapter; whether any row has one."""
+        """Each adapter's per-row scales for the step (one set per flat row); whether any row has one."""
         self.groups = []
         names = sorted({name for adapters in row_sets for name, _ in adapters})
         if not names:
@@ -109,12 +106,9 @@ class RowLora:
         if missing:
             raise RuntimeError(f"rows run under LoRA adapter(s) {missing}, which this model has not loaded")
         device, dtype = self.model.embed.weight.device, self.model.dtype
-        n = len(row_sets)
         for name in names:
-            picked = [(i, dict(adapters)[name]) for i, adapters in enumerate(row_sets) if name in dict(adapters)]
-            scales = torch.tensor([[scale] for _, scale in picked], device=device, dtype=dtype)
-            rows = None if len(picked) == n else torch.tensor([i for i, _ in picked], device=device)
-            self.groups.append((self.adapters[name], rows, scales))
+            scales = [[dict(adapters).get(name, 0.0)] for adapters in row_sets]
+            self.groups.append((self.adapters[name], torch.tensor(scales, device=device, dtype=dtype)))
         return True
 
     def end(self) -> None:
