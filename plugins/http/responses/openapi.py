@@ -34,6 +34,15 @@ RESPONSE = obj({
     "previous_response_id": nullable(string()), "store": BOOL,
     "metadata": {"type": "object", "additionalProperties": string()}},
     required=("id", "object", "created_at", "status", "model", "output"))
+_INPUT_ITEMS = obj({"object": string(enum=["list"]),
+                    "data": {"type": "array", "items": obj({"id": string(), "type": string(
+                        enum=["message", "function_call", "function_call_output"])}, required=("id", "type"))},
+                    "first_id": nullable(string()), "last_id": nullable(string()), "has_more": BOOL},
+                   required=("object", "data", "has_more"))
+_PAGE = [{"name": "limit", "in": "query", "required": False, "schema": integer(1, 100)},
+         {"name": "order", "in": "query", "required": False, "schema": string(enum=["asc", "desc"])},
+         {"name": "after", "in": "query", "required": False, "schema": string()},
+         {"name": "before", "in": "query", "required": False, "schema": string()}]
 _DELETED = obj({"id": string(), "object": string(enum=["response"]), "deleted": BOOL},
                required=("id", "object", "deleted"))
 _INPUT_TOKENS = obj({"object": string(enum=["response.input_tokens"]), "input_tokens": integer(0)},
@@ -59,6 +68,10 @@ def paths() -> dict:
             "get": op("a stored response (another key's: 404)", response, parameters=[_ID], op_id="getResponse"),
             "delete": op("delete a stored response (the latest of its conversation closes its session)",
                          json_body(_DELETED, "deleted"), errors=(409,), parameters=[_ID], op_id="deleteResponse")},
+        "/v1/responses/{response_id}/input_items": {"get": op(
+            "the input items a stored response was asked with, paged (limit 1-100, default 20; order desc by "
+            "default; after/before: an item id)", json_body(_INPUT_ITEMS, "a list of items"), errors=(400,),
+            parameters=[_ID, *_PAGE], op_id="listResponseInputItems")},
         "/v1/responses/{response_id}/cancel": {"post": op(
             "cancel a response in flight (status cancelled); a finished stored one comes back unchanged",
             response, parameters=[_ID], op_id="cancelResponse")},
