@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from superfluid.core.adapters import AdapterTable
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
 from superfluid.plugins.http.openai.protocol import CompletionRequest, InfillRequest
@@ -47,6 +48,7 @@ class FakeRuntime:
         self.loop = attrs.make_class("Loop", {})()
         self.loop.settings = attrs.make_class("Settings", {})()
         self.loop.settings.context_length = ctx
+        self.loop.adapters = AdapterTable(self.name)  # no LoRA adapters loaded
 
 
 class FakeDaemon:
