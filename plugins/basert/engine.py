@@ -282,8 +282,10 @@ class BasertEngine(VocabEngine):
                "dtype": str(self.dtype).replace("torch.", ""), "kv_bits": self.kv_bits or torch.finfo(self.dtype).bits,
                "speculate": self.speculate, "attention": self.attention, "cuda_graphs": self.cuda_graphs}
         if self.pool is not None:
+            per_cell = self._bytes_per_token(self.model.shape)  # with its quantized pages' scales
             out.update(kv_blocks=self.pool.n_blocks, block_size=self.pool.block_size,
-                       kv_blocks_used=self.pool.used_blocks())
+                       kv_blocks_used=self.pool.used_blocks(), bytes_per_cell=round(per_cell, 2),
+                       kv_bytes=int(self.pool.n_blocks * self.pool.block_size * per_cell))
         if self.vision_shape is not None:
             out["vision"] = {"source": self.vision_src, "tile": self.vision_shape.image_size,
                              "rows": self.vision_shape.rows}

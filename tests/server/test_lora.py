@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from ..llama_reference import in_child
-from ..lora_reference import greedy_under_adapter
+from ..lora_reference import agrees_up_to_a_close_call, greedy_under_adapter
 
 openai = pytest.importorskip("openai")
 
@@ -31,6 +31,10 @@ MAX_TOKENS = 32
 # b's reply to it is a near-tie that 128-token and 512-token steps decide differently
 STEP = 128
 SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
+# Requests decoded side by side run in batches the lone reference never sees, and under an adapter
+# llama.cpp's logits move with the batch's shape (by up to ~1 in a logit, measured with Llama itself):
+# a concurrent reply equals its reference up to any position the reference decided by less than this
+CLOSE_CALL = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,13 @@ def reference(fixture_paths, model_path):
     return out
 
 
+def _alone(reference, model, prompt):
+    """A lone request's reply as the reference gives it: (text, completion tokens)."""
+    return reference[model][prompt][:2]
+
+
 def _ask(client, model, prompt, **extra):
+    """((text, completion tokens), response): compared with a lone reference's first two items."""
     r = client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, **extra)
     return (r.choices[0].text, r.usage.completion_tokens), r
 
@@ -68,7 +78,7 @@ def _ask(client, model, prompt, **extra):
 def test_adapters_change_the_replies(reference):
     """Else the other tests would show nothing."""
     for p in PROMPTS:
-        assert len({reference[m][p] for m in SETS}) == 3, p
+        assert len({reference[m][p][0] for m in SETS}) == 3, p
 
 
 def test_models_lists_each_adapter_under_its_base(srv):
@@ -82,27 +92,28 @@ def test_eight_concurrent_requests_mixed_across_adapters_match_each_reference(cl
     jobs = [(list(SETS)[i % 3], PROMPTS[i % len(PROMPTS)]) for i in range(8)]
     with cf.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda job: _ask(client, *job)[0], jobs))
-    wrong = [(m, p, got, reference[m][p]) for (m, p), got in zip(jobs, answers) if got != reference[m][p]]
+    wrong = [(m, p, got, reference[m][p][0]) for (m, p), got in zip(jobs, answers)
+             if not agrees_up_to_a_close_call(got[0], reference[m][p], CLOSE_CALL)]
     assert not wrong, wrong
 
 
 def test_llama_server_lora_field_selects_by_id_and_name(client, reference):
     p = PROMPTS[0]
-    assert _ask(client, "smollm2", p, extra_body={"lora": [{"id": 1, "scale": 1.0}]})[0] == reference["smollm2:b"][p]
-    assert _ask(client, "smollm2", p, extra_body={"lora": [{"id": "a"}]})[0] == reference["smollm2:a"][p]
-    assert _ask(client, "smollm2:a", p, extra_body={"lora": [{"id": 0, "scale": 0}]})[0] == reference["smollm2"][p]
+    assert _ask(client, "smollm2", p, extra_body={"lora": [{"id": 1, "scale": 1.0}]})[0] == _alone(reference, "smollm2:b", p)
+    assert _ask(client, "smollm2", p, extra_body={"lora": [{"id": "a"}]})[0] == _alone(reference, "smollm2:a", p)
+    assert _ask(client, "smollm2:a", p, extra_body={"lora": [{"id": 0, "scale": 0}]})[0] == _alone(reference, "smollm2", p)
 
 
 def test_a_prefix_cached_under_one_adapter_is_not_served_under_another(client, reference):
     got_a, _ = _ask(client, "smollm2:a", LONG)
-    assert got_a == reference["smollm2:a"][LONG]
+    assert got_a == _alone(reference, "smollm2:a", LONG)
     got_b, r = _ask(client, "smollm2:b", LONG)
-    assert got_b == reference["smollm2:b"][LONG]  # a cross-adapter hit would give a's KV to b
+    assert got_b == _alone(reference, "smollm2:b", LONG)  # a cross-adapter hit would give a's KV to b
     assert (r.usage.prompt_tokens_details.cached_tokens or 0) == 0
     got_base, r = _ask(client, "smollm2", LONG)
-    assert got_base == reference["smollm2"][LONG] and (r.usage.prompt_tokens_details.cached_tokens or 0) == 0
+    assert got_base == _alone(reference, "smollm2", LONG) and (r.usage.prompt_tokens_details.cached_tokens or 0) == 0
     got_a, r = _ask(client, "smollm2:a", LONG)  # a's own prefix is reused (the cache works)
-    assert got_a == reference["smollm2:a"][LONG] and r.usage.prompt_tokens_details.cached_tokens > 0
+    assert got_a == _alone(reference, "smollm2:a", LONG) and r.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_unknown_adapters_are_refused_in_the_protocols_shape(client, srv):
@@ -119,7 +130,7 @@ def test_a_file_that_is_no_adapter_of_this_model_is_a_clear_422(srv, fixture_pat
                             {"name": "wrong", "path": str(fixture_paths["wrong_gguf"])})
     assert status == 422, body
     assert "wrong" not in {a["name"] for a in srv.get_json("/lora-adapters")}
-    assert _ask(client, "smollm2", PROMPTS[1])[0] == reference["smollm2"][PROMPTS[1]]  # still serving
+    assert _ask(client, "smollm2", PROMPTS[1])[0] == _alone(reference, "smollm2", PROMPTS[1])  # still serving
 
 
 def test_runtime_load_and_unload_under_traffic_lose_nothing(srv, client, reference, fixture_paths):
@@ -139,7 +150,8 @@ def test_runtime_load_and_unload_under_traffic_lose_nothing(srv, client, referen
     status, body = srv.call("POST", "/admin/models/smollm2/adapters",
                             {"name": "c", "path": str(fixture_paths["b_gguf"])})
     assert status == 200, body
-    assert _ask(client, "smollm2:c", PROMPTS[2])[0] == reference["smollm2:b"][PROMPTS[2]]
+    got_c = _ask(client, "smollm2:c", PROMPTS[2])[0][0]  # decoded beside the threads' requests
+    assert agrees_up_to_a_close_call(got_c, reference["smollm2:b"][PROMPTS[2]], CLOSE_CALL), got_c
     # unload "a" while its requests may still run: they finish; new ones are 404 from then on
     status, body = srv.call("DELETE", "/admin/models/smollm2/adapters/a")
     assert status in (200, 202), body
@@ -148,7 +160,8 @@ def test_runtime_load_and_unload_under_traffic_lose_nothing(srv, client, referen
     for t in threads:
         t.join(300)
     assert not errors, errors
-    wrong = {k: v for k, v in results.items() if v[2] != reference[v[0]][v[1]]}
+    wrong = {k: v for k, v in results.items()
+             if not agrees_up_to_a_close_call(v[2][0], reference[v[0]][v[1]], CLOSE_CALL)}
     assert len(results) == 8 and not wrong, wrong
     assert "a" not in {a["name"] for a in srv.get_json("/lora-adapters")}
 
