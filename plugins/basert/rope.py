@@ -37,14 +37,11 @@ import torch
 
 from superfluid.core.errors import ConfigError
 
-from .shape import ModelShape, RopeScaling
+from .rope_scaling import BETA_FAST, BETA_SLOW, RopeScaling, mscale  # noqa: F401  (re-exported)
+from .shape import ModelShape
 
-BETA_FAST, BETA_SLOW = 32.0, 1.0  # YaRN's defaults (the paper's, transformers' and llama.cpp's)
 
 
-def mscale(factor: float, scale: float = 1.0) -> float:
-    """YaRN's attention temperature for a context multiple: ``0.1 · scale · ln(factor) + 1``."""
-    return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
 
 
 def correction_range(scaling: RopeScaling, dim: int, base: float, original: int) -> tuple[float, float]:
@@ -79,16 +76,6 @@ def attention_factor(scaling: RopeScaling | None) -> float:
     return scaling.attn_factor * (mscale(scaling.factor) if scaling.ext_factor else 1.0)
 
 
-def from_hf(params: dict[str, Any]) -> RopeScaling:
-    """A YaRN ``rope_scaling`` dict of a config.json (transformers' keys) as a RopeScaling."""
-    factor = float(params["factor"])
-    attention = params.get("attention_factor")
-    if attention is None and params.get("mscale") and params.get("mscale_all_dim"):
-        attention = mscale(factor, float(params["mscale"])) / mscale(factor, float(params["mscale_all_dim"]))
-    return RopeScaling("yarn", factor, original_max_position=int(params.get("original_max_position_embeddings") or 0),
-                       beta_fast=float(params.get("beta_fast") or BETA_FAST),
-                       beta_slow=float(params.get("beta_slow") or BETA_SLOW), ext_factor=1.0,
-                       attention=None if attention is None else float(attention))
 
 
 def with_options(shape: ModelShape, core: Any, name: str) -> ModelShape:

@@ -16,6 +16,8 @@ import attrs
 
 from superfluid.core.errors import ConfigError
 
+from .rope_scaling import RopeScaling, parse_rope_scaling  # noqa: F401  (RopeScaling: weights.py reads it here)
+
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # HF ``model_type`` -> basert arch. Gemma 3's text-only checkpoints say "gemma3_text".
@@ -52,27 +54,6 @@ def hf_architecture(config: dict[str, Any], name: str = "config.json") -> str:
     text, _ = hf_text_config(config, name)
     model_type = str(text.get("model_type") or "")
     return HF_MODEL_TYPES.get(model_type, model_type)
-
-
-@attrs.define(frozen=True)
-class RopeScaling:
-    """A context-extension rule applied to the global layers' RoPE frequencies.
-
-    ``kind`` is "linear" (every frequency divided by ``factor``), "llama3" (low frequencies
-    divided by ``factor``, high ones kept, a smooth blend between, as Llama 3.1 was trained) or
-    "yarn" (rope.py, which also applies the --rope-scaling / --yarn-* options)."""
-
-    kind: str
-    factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
-    # "yarn" (and the extrapolation mix of either kind): rope.py's terms, llama.cpp's defaults
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    ext_factor: float = 0.0           # 1.0 under yarn; 0.0: plain interpolation
-    attn_factor: float = 1.0          # multiplies YaRN's mscale
-    attention: float | None = None    # a config's own attention_factor: the whole cos/sin factor
 
 
 @attrs.define(frozen=True)
@@ -211,25 +192,6 @@ def _activation(act: str, name: str) -> str:
     if act in ("gelu_pytorch_tanh", "gelu_tanh"):
         return "gelu_tanh"
     raise ConfigError(f"model {name!r}: activation {act!r} is not supported (silu, gelu_pytorch_tanh)")
-
-
-def parse_rope_scaling(params: dict[str, Any] | None, name: str) -> RopeScaling | None:
-    """An HF rope dict (``rope_scaling`` or one ``rope_parameters`` entry) as a RopeScaling."""
-    if not params:
-        return None
-    kind = params.get("rope_type") or params.get("type") or "default"
-    if kind == "default":
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", float(params["factor"]))
-    if kind == "yarn":
-        from .rope import from_hf
-
-        return from_hf(params)
-    if kind == "llama3":
-        return RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
-                           float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
-    raise ConfigError(f"model {name!r}: rope scaling type {kind!r} is not supported (default, linear, llama3, yarn)")
 
 
 def _hf_rope(config: dict[str, Any], arch: str, name: str) -> tuple[tuple[float, RopeScaling | None], float]:

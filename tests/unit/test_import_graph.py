@@ -25,8 +25,6 @@ KNOWN = {
     # Conversation.template_messages() defers ``from .template_messages import template_messages``
     # (seven callers, in prepare/, tests and the Responses tests, use the method)
     ("superfluid.core.formats.conversation", "superfluid.core.formats.template_messages"),
-    # shape.py defers ``from .rope import from_hf``; rope.py imports ModelShape, RopeScaling
-    ("superfluid.plugins.basert.rope", "superfluid.plugins.basert.shape"),
 }
 
 
