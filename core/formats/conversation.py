@@ -124,10 +124,3 @@ class Conversation:
 
     def __add__(self, other: "Conversation") -> "Conversation":
         return Conversation(self.messages + other.messages)
-
-    def template_messages(self, caps=None, content=None, **kw) -> list[dict]:
-        """The messages as a chat template is rendered with them (see
-        :func:`.template_messages.template_messages`)."""
-        from .template_messages import template_messages
-
-        return template_messages(self, caps, content, **kw)

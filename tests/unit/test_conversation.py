@@ -135,7 +135,7 @@ def test_template_messages_fit_what_the_template_reads():
         Message.plain("developer", "Rules."),
         Message("assistant", (), (ToolCall.of("call_long_client_id", "f", '{"a":1}'),), reasoning="hmm"),
         Message.plain("tool", "ok", tool_call_id="call_long_client_id", name="f")])
-    plain = conversation.template_messages()
+    plain = template_messages(conversation)
     assert plain[0] == {"role": "system", "content": "Rules."}
     assert plain[1] == {"role": "assistant", "content": "", "reasoning_content": "hmm", "tool_calls": [
         {"id": "call_long_client_id", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}]}
@@ -149,7 +149,7 @@ def test_template_messages_fit_what_the_template_reads():
 
 
 def test_images_without_a_marker_are_left_out_of_the_text():
-    assert _look(_image()).template_messages() == [{"role": "user", "content": "Look: What is it?"}]
+    assert template_messages(_look(_image())) == [{"role": "user", "content": "Look: What is it?"}]
     typed = template_messages(_look(_image()), content=ContentCaps(True, True, "[IMG]"), typed_images=True)
     assert typed[0]["content"] == [{"type": "text", "text": "Look:"}, {"type": "image"},
                                    {"type": "text", "text": " What is it?"}]

@@ -22,6 +22,7 @@ from superfluid.core import qos as qos_classes  # noqa: E402
 from superfluid.core.chat import render_chat  # noqa: E402
 from superfluid.core.config import Schema, build_config, core_options, read_toml  # noqa: E402
 from superfluid.core.errors import ConfigError, InvalidRequest, SuperfluidError  # noqa: E402
+from superfluid.core.formats.template_messages import template_messages  # noqa: E402
 from superfluid.core.plugins import make_plugin_manager  # noqa: E402
 from superfluid.plugins.http.body import read_body  # noqa: E402
 from superfluid.plugins.http.info.openapi_requests import REQUESTS  # noqa: E402
@@ -111,7 +112,7 @@ def _validate(kind: str, body) -> None:
     n_prompt = 0
     if kind == "chat":
         tool_plan.plan(req, grammars=True)
-        req.conversation.template_messages()
+        template_messages(req.conversation)
     elif kind == "completion" and req.suffix is not None:
         n_prompt = len(params.fim_prefix(req.prompt)) + len(req.suffix)
     elif kind == "completion":
@@ -228,7 +229,7 @@ def test_chat_messages(msgs, tools, choice):
         plan = tool_plan.plan(req, grammars=True)
         checked = req.conversation
         render_prompt(CHATML, checked, plan, add_generation_prompt=True)
-        render_chat(CHATML, checked.template_messages())
+        render_chat(CHATML, template_messages(checked))
     except SuperfluidError as exc:
         _client_error(exc, body)
 

@@ -11,6 +11,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from superfluid.core.errors import InvalidRequest, SuperfluidError
+from superfluid.core.formats.template_messages import template_messages
 from superfluid.plugins.http.openai.chat_protocol import ChatCompletionRequest
 from superfluid.plugins.http.openai.replies import Shape
 from superfluid.plugins.http.responses.mapping import chat_request
@@ -52,7 +53,7 @@ def test_what_codex_sends_is_accepted_and_its_other_tools_are_left_out():
     req = parse(ResponsesRequest, CODEX)
     chat = chat_request(req)
     assert isinstance(chat, ChatCompletionRequest)
-    assert chat.conversation.template_messages() == [{"role": "system", "content": "Be terse."},
+    assert template_messages(chat.conversation) == [{"role": "system", "content": "Be terse."},
                                                      {"role": "user", "content": "List files."}]
     assert [t.function.name for t in chat.tools] == ["shell"]  # namespace and web_search left out
     assert chat.tool_choice == "auto" and chat.parallel_tool_calls is False and chat.stream is True
@@ -118,7 +119,7 @@ def test_items_map_onto_messages_and_calls_join_the_reply_before_them():
         {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "rain"}]},
         {"type": "function_call", "call_id": "call_c", "name": "get_weather", "arguments": "{}"},
     ]})
-    messages = chat_request(req).conversation.template_messages()
+    messages = template_messages(chat_request(req).conversation)
     call = lambda cid, args: {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": args}}
     assert messages == [
         {"role": "system", "content": "Use tools."},

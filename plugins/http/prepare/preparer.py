@@ -21,7 +21,7 @@ from superfluid.core.chat import render_chat, template_caps
 from superfluid.core.errors import ContextLengthExceeded, InvalidRequest
 from superfluid.core.formats.conversation import Conversation
 from superfluid.core.formats.setup import chat_of
-from superfluid.core.formats.template_messages import content_caps
+from superfluid.core.formats.template_messages import content_caps, template_messages
 from superfluid.core.media import MediaSpan
 from superfluid.core.request import Request, new_request_id
 
@@ -146,7 +146,7 @@ class Preparer:
         """The tokens a conversation starting with ``conversation`` begins with (no generation
         prompt): e.g. a session's system prompt, to pin its KV."""
         info, template = runtime.engine.info, chat_of(runtime).template
-        messages = conversation.template_messages(template_caps(template) if template else None,
+        messages = template_messages(conversation, template_caps(template) if template else None,
                                                   content_caps(template))
         return _chat_tokens(runtime, render_chat(template, messages, bos_token=info.bos_token,
                                                  eos_token=info.eos_token, add_generation_prompt=False))

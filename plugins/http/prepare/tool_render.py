@@ -15,7 +15,7 @@ import attrs
 
 from superfluid.core.chat import render_chat, template_caps
 from superfluid.core.formats.conversation import Conversation, Message, TextPart
-from superfluid.core.formats.template_messages import content_caps
+from superfluid.core.formats.template_messages import content_caps, template_messages
 
 from .image_prompt import marker, render_images
 from .tool_format import ToolPlan, call_text
@@ -88,7 +88,7 @@ def render_prompt(template: str | None, conversation: Conversation, tools: ToolP
     forced opening of a call, if any."""
     caps = template_caps(template) if template else None
     if caps is None:
-        return render_chat(template, conversation.template_messages(), **kw)  # raises: no template
+        return render_chat(template, template_messages(conversation), **kw)  # raises: no template
     native = caps.tools
     if any(m.tool_calls or m.role == "tool" for m in conversation.messages):
         conversation = _as_text(conversation, caps, native)
@@ -98,7 +98,7 @@ def render_prompt(template: str | None, conversation: Conversation, tools: ToolP
     content, thinking = content_caps(template), "thinking" in template
 
     def render(typed_images: bool) -> str:
-        messages = conversation.template_messages(caps, content, image_text=marker, typed_images=typed_images,
+        messages = template_messages(conversation, caps, content, image_text=marker, typed_images=typed_images,
                                                   thinking=thinking)
         return render_chat(template, messages, **offered, **kw)
 
