@@ -105,7 +105,8 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
                 if param["in"] == "path" and param["name"] in ("name", "id"):
                     param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
                 if param["in"] == "query" and param["name"] == "model":
-                    param["schema"] = {"type": "string", "enum": [*models, "no-such-model"]}
+                    # "" is no name, as in a body: the first served model (Daemon.get)
+                    param["schema"] = {"type": "string", "enum": [*models, "", "no-such-model"]}
     return doc
 
 
