@@ -16,7 +16,7 @@ The tokenizer is a real SentencePiece-style ("llama") vocabulary:
 
 Any text round-trips (unknown characters fall back to bytes). ``<|im_end|>`` and
 ``</s>`` end generation; the FIM ids are set under ``tokenizer.ggml.fim_*_token_id``.
-The weights are random (seeded, std 0.02), so outputs are deterministic nonsense.
+The weights are random (seeded, std 0.02 unless ``std`` says), so outputs are deterministic nonsense.
 """
 
 from __future__ import annotations
@@ -121,9 +121,12 @@ def write_tiny_llama(
     quant: str = "F32",
     seed: int = 0,
     pooling: int | None = None,
+    std: float = 0.02,
 ) -> Path:
     """Write the tiny llama GGUF to ``path`` and return it as a Path; ``pooling`` (llama.cpp's
-    pooling type: 1 mean, 2 cls, 3 last) is written as an embedding model's GGUF declares it."""
+    pooling type: 1 mean, 2 cls, 3 last) is written as an embedding model's GGUF declares it.
+    ``std`` is the random weights' spread: at 0.02 attention is nearly uniform, so a test that
+    needs positions to matter (rope scaling) asks for more (~0.2: sharp attention, spread logits)."""
     if quant not in _QUANTS:
         raise ValueError(f"quant must be one of {sorted(_QUANTS)}, not {quant!r}")
     if n_embd % n_head or n_head % n_head_kv:
@@ -178,7 +181,7 @@ def write_tiny_llama(
 
     def weight(name: str, rows: int, cols: int) -> None:
         # numpy shape (rows, cols) is GGUF/ggml ne = [cols, rows]: rows of length cols.
-        data = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
+        data = (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(np.float32)
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w.add_tensor(name, gguf.quants.quantize(data, qtype))
         else:
