@@ -6,18 +6,22 @@ config.json that says the same.
   attention factor as mlx-lm's ``mscale``, the model's own scaling kept or dropped, and what
   mlx-lm cannot run (an extrapolation mix other than 1, betas under linear) refused, naming the
   engine.
-* SmolLM2 (the GGUF) with ``--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64``: the logits
-  of a 200-token prompt (past the 64-token original window) equal mlx-lm's ``load_model`` of
-  SmolLM2's directory whose config.json states that YaRN, and differ from the unscaled model's.
-* Served: --max-context 16384 (twice the training window) is accepted with scaling, and a greedy
-  reply through the openai client to a 200-token prompt equals mlx-lm's ``generate_step`` on the
-  YaRN-configured directory.
+* A tiny random-weight llama GGUF (tests/tinygguf.py: a 64-token training window, weights spread
+  enough that positions matter) with ``--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64``:
+  the logits of a 200-token prompt (past the 64-token window) equal mlx-lm's ``load_model`` of
+  the same weights as a directory whose config.json states that YaRN, and differ from the
+  unscaled model's.
+* Served: --max-context 256 (four times the training window) is accepted with scaling, and a
+  greedy reply through the openai client to a ~200-token prompt equals mlx-lm's
+  ``generate_step`` on the YaRN-configured directory.
+
+The tiny model takes the path SmolLM2 did (GGUF loader, rope overrides, mlx-lm's YarnRoPE) at a
+fraction of the weights, so the cost is the server's start, not three 135M-parameter loads.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import types
 from pathlib import Path
 
@@ -30,8 +34,10 @@ from superfluid.core.errors import ConfigError  # noqa: E402
 from superfluid.plugins.mlx import loader, rope_config  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+WINDOW = 64  # the tiny model's training context, and the YaRN's original window
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": WINDOW}
 TOKENS = 10
+NOTES = 8    # a ~240-token prompt with the tiny vocabulary: past the window, and with the reply within 256
 
 
 def options(**kw) -> types.SimpleNamespace:
@@ -74,44 +80,53 @@ def test_options_become_mlx_lm_rope_fields(tmp_path, model_path):
 
 
 @pytest.fixture(scope="module")
-def yarn_dir(tmp_path_factory, model_path):
-    """SmolLM2 as an mlx-lm directory (plugins/mlx/convert) whose config.json states YaRN x4 over 64."""
-    from superfluid.plugins.mlx.convert import convert
+def tiny(tmp_path_factory) -> str:
+    """The tiny llama GGUF with a 64-token training window; std 0.2 makes attention sharp enough
+    that rope frequencies move the logits (at tinygguf's default 0.02 attention is nearly uniform)."""
+    from ..tinygguf import write_tiny_llama
 
-    plain = convert(model_path, str(tmp_path_factory.mktemp("smol") / "plain"))
-    folder = Path(plain).parent / "yarn"
-    shutil.copytree(plain, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["rope_scaling"] = YARN
+    return str(write_tiny_llama(tmp_path_factory.mktemp("rope") / "tiny-64.gguf", context_length=WINDOW, std=0.2))
+
+
+@pytest.fixture(scope="module")
+def yarn_dir(tmp_path_factory, tiny):
+    """The tiny GGUF as an mlx-lm directory whose config.json states YaRN x4 over 64: its weights
+    and model arguments as plugins/mlx/convert writes them (convert's tokenizer is byte-level BPE
+    only, and load_model needs none)."""
+    raw, meta = mx.load(tiny, return_metadata=True)
+    folder = tmp_path_factory.mktemp("tiny-mlx") / "yarn"
+    folder.mkdir()
+    mx.save_safetensors(str(folder / "model.safetensors"), loader.rename_gguf(raw), metadata={"format": "mlx"})
+    config = dict(loader.gguf_model_args(meta, raw), architectures=["LlamaForCausalLM"], rope_scaling=YARN)
     (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
 
 
-def test_logits_past_the_window_equal_mlx_lm(model_path, yarn_dir):
+def test_logits_past_the_window_equal_mlx_lm(tiny, yarn_dir):
     import numpy as np
     from mlx_lm.utils import load_model
 
-    core = options(rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=64)
-    fields = rope_config.overrides(core, model_path, 8192, "m")
+    core = options(rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=WINDOW)
+    fields = rope_config.overrides(core, tiny, WINDOW, "m")
     reference, _ = load_model(Path(yarn_dir))
     tokens = mx.array([list(range(200, 400))])
     want = np.array(reference(tokens).astype(mx.float32))[0]
-    got = np.array(loader.load(model_path, fields)(tokens).astype(mx.float32))[0]
-    plain = np.array(loader.load(model_path)(tokens).astype(mx.float32))[0]
+    got = np.array(loader.load(tiny, fields)(tokens).astype(mx.float32))[0]
+    plain = np.array(loader.load(tiny)(tokens).astype(mx.float32))[0]
     assert np.abs(got - want).max() < 1e-4
-    assert np.abs(plain[64:] - want[64:]).max() > 1.0  # the scaling changed the model past the window
+    assert np.abs(plain[WINDOW:] - want[WINDOW:]).max() > 1.0  # the scaling changed the model past the window
 
 
-def test_served_with_yarn_equals_mlx_lm_generate(start_server, model_path, yarn_dir):
+def test_served_with_yarn_equals_mlx_lm_generate(start_server, tiny, yarn_dir):
     openai = pytest.importorskip("openai")
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load_model
 
-    srv = start_server("--engine", "mlx", "--max-batch", "2", "--max-context", "16384", "--rope-scaling", "yarn",
-                       "--rope-scale", "4", "--yarn-orig-ctx", "64")
+    srv = start_server("--engine", "mlx", "--max-batch", "2", "--max-context", str(4 * WINDOW), "--rope-scaling",
+                       "yarn", "--rope-scale", "4", "--yarn-orig-ctx", str(WINDOW), model=tiny)
     listed = {m["id"]: m for m in srv.get_json("/v1/models")["data"]}
-    assert listed["smollm2"]["context_length"] == 16384  # twice the training window: scaling is on
-    notes = " ".join(f"Note {i}: the team ships the {i}th part on day {i}." for i in range(14))
+    assert listed["smollm2"]["context_length"] == 4 * WINDOW  # four times the training window: scaling is on
+    notes = " ".join(f"Note {i}: the team ships the {i}th part on day {i}." for i in range(NOTES))
     prompt = f"<|im_start|>user\n{notes}\nWhich day is the 7th part shipped?<|im_end|>\n<|im_start|>assistant\n"
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=300, max_retries=0)
     r = client.completions.create(model="smollm2", prompt=prompt, max_tokens=TOKENS, temperature=0,
@@ -119,10 +134,10 @@ def test_served_with_yarn_equals_mlx_lm_generate(start_server, model_path, yarn_
     served, n_prompt = r.choices[0].text, r.usage.prompt_tokens
     srv.stop()
 
-    vocab = GGUFVocab(model_path, "smollm2")
+    vocab = GGUFVocab(tiny, "smollm2")
     try:
         ids = vocab.tokenize(prompt, True, True)
-        assert len(ids) == n_prompt > 150
+        assert 4 * WINDOW - TOKENS >= len(ids) == n_prompt > 150
         model, _ = load_model(Path(yarn_dir))
         toks = [int(t) for (t, _), _ in zip(generate_step(mx.array(ids), model, max_tokens=TOKENS), range(TOKENS))]
         own = b"".join(vocab.token_bytes(t) for t in toks).decode("utf-8", errors="replace")
