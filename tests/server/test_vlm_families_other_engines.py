@@ -13,6 +13,7 @@ among every six, and the shared fixture has two sliding ones."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -75,8 +76,11 @@ def _path(family: str, form: str, six_layer) -> str:
     return str(paths["hf"] if form == "hf" else paths["gguf"])
 
 
+@functools.cache
 def _reference_text(hf_dir: str) -> str:
-    """transformers' greedy reply to ``CHAT`` (its chat template, its model class, no image)."""
+    """transformers' greedy reply to ``CHAT`` (its chat template, its model class, no image);
+    computed once per weights (basert and MLX serve the same fixture, Gemma 3's HF and GGUF forms
+    the same weights)."""
     import transformers
     from transformers import AutoTokenizer
 
