@@ -1,7 +1,9 @@
 """The chaos suite's fleet partition, CI variant: three nodes in network namespaces behind
 ``superfluid fleet``, one cut off (its packets dropped) while streams run on it, healed, then
-put behind 500 ms of delay and 5 % loss (a userspace relay: no sch_netem), healed again; about a
-minute (python -m tools.chaos --scenarios fleet_partition runs the longer one). Needs root and
+put behind 500 ms of delay and 5 % loss (a userspace relay: no sch_netem), healed again. Each phase
+ends once it has shown what it is there to show (the cut detected and its requests ended elsewhere,
+the node back and answering, requests through the impaired path ended), its FAST length the most
+it lasts (python -m tools.chaos --scenarios fleet_partition holds the full lengths). Needs root and
 ``ip netns``: skipped otherwise, with the reason."""
 
 from __future__ import annotations

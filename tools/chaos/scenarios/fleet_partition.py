@@ -14,6 +14,9 @@ Phases, with a new request (a stream or a whole chat, seeded) every ``every_s`` 
 4. **delay + loss**: 500 ms of delay and 5 % loss on the node's path;
 5. **healed** again.
 
+The full run holds each phase its length; the CI variant (``until_met``) ends a phase once it has
+shown what it is there for (:func:`_phase_done`), its length then the most it lasts.
+
 The deviation: this kernel has no ``sch_netem`` (nor iptables, nft, or a tc classifier that could
 drop at random), so phase 4 is not ``tc netem``. The head reaches that node through a userspace
 TCP relay (:class:`tools.chaos.netns.Relay`) during the whole run: a thread of the scenario that
@@ -79,9 +82,11 @@ PASS = ("the head marks the cut node unhealthy within 10 s; its started streams 
 FULL = {"nodes": 3, "lanes": 2, "every_s": 0.7, "stream_share": 0.6, "baseline_s": 20, "cut_s": 40, "heal_s": 25,
         "impair_s": 60, "heal2_s": 25, "delay_s": 0.5, "loss": 0.05, "rto_s": 1.0, "long_tokens": 400,
         "hang_s": 90, "detect_bound_s": 10, "stream_bound_s": 15, "rejoin_bound_s": 15}
-FAST = {"nodes": 3, "lanes": 2, "every_s": 0.7, "stream_share": 0.6, "baseline_s": 4, "cut_s": 14, "heal_s": 8,
+# until_met (the CI variant): a phase ends once what it is there to show has happened (see
+# _phase_done), its length in seconds the most it lasts; the full run holds every phase its length
+FAST = {"nodes": 3, "lanes": 2, "every_s": 0.7, "stream_share": 0.6, "baseline_s": 2, "cut_s": 14, "heal_s": 8,
         "impair_s": 10, "heal2_s": 6, "delay_s": 0.5, "loss": 0.05, "rto_s": 1.0, "long_tokens": 400,
-        "hang_s": 60, "detect_bound_s": 10, "stream_bound_s": 15, "rejoin_bound_s": 15}
+        "hang_s": 60, "detect_bound_s": 10, "stream_bound_s": 15, "rejoin_bound_s": 15, "until_met": True}
 HEADLINE = ["detect_s", "unrouted_s", "rejoin_s", "started_on_cut_node", "not_started_at_cut", "sent_during_cut",
             "moved", "impaired", "impaired_flaps", "rejoin2_s", "hangs", "unclear", "chart"]
 PATH = "/v1/chat/completions"
@@ -235,6 +240,47 @@ async def _node_busy(http: aiohttp.ClientSession, base: str) -> tuple[int, int]:
         return 0, 0
 
 
+def _phase_done(run: Run, phase: str, start: float) -> bool:
+    """What a phase of the CI variant must have shown before it may end early (``until_met``):
+    what judge() checks of it, measured the same way.
+
+    * ``cut``: the head has called the node unhealthy and stopped routing to it (2 s of samples
+      since), every request sent before that has ended or is streaming from another node (the
+      streams running on it, those waiting in its queue, the whole chats in flight), and at least
+      6 requests were sent during the cut;
+    * ``heal``, ``heal2``: the node is healthy and routed again, and a request sent since answered
+      whole from it;
+    * ``impair``: 2 requests sent to the impaired node since the impairment have ended."""
+    xn, now = run.cut, run.now()
+    since = [r for r in run.reqs if r.sent >= start]
+    if phase == "cut":
+        gone = run.first_sample(start, lambda s: (s.get(xn) or [None, None])[0] == "unhealthy")
+        unrouted = run.first_sample(start, lambda s: (s.get(xn) or [None, True])[1] is False)
+        if gone is None or unrouted is None:
+            return False
+        seen = start + max(gone, unrouted)
+        return (now >= seen + 2 and len(since) >= 6
+                and all(r.end is not None or (r.first is not None and r.node != xn)
+                        for r in run.reqs if r.sent <= seen + 0.5))
+    if phase in ("heal", "heal2"):
+        back = run.first_sample(start, lambda s: (s.get(xn) or [None, None]) == ["healthy", True])
+        return back is not None and any(r.node == xn and r.outcome == "ok" for r in since)
+    if phase == "impair":
+        return sum(1 for r in since if r.node == xn and r.end is not None) >= 2
+    return True
+
+
+async def _hold(run: Run, p: dict, phase: str, seconds: float, start: float) -> None:
+    """Hold a phase ``seconds``; in the CI variant (``until_met``) only until it has shown what it
+    is there to show (polled every 0.2 s), ``seconds`` at most."""
+    if not p.get("until_met"):
+        await asyncio.sleep(seconds)
+        return
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not _phase_done(run, phase, start):
+        await asyncio.sleep(0.2)
+
+
 async def _drive(ctx: Ctx, run: Run, net: netns.Net, relay: netns.Relay, x: int, x_direct: str) -> dict:
     p = ctx.p
     xn = f"node{x}"
@@ -263,19 +309,19 @@ async def _drive(ctx: Ctx, run: Run, net: netns.Net, relay: netns.Relay, x: int,
         marks["at_cut"] = {"lanes_busy": busy, "queued": queued}
         await asyncio.to_thread(net.cut, x)
         marks["cut"] = run.cut_at = run.event("cut", node=xn, lanes_busy=busy, queued=queued)
-        await asyncio.sleep(p["cut_s"])
+        await _hold(run, p, "cut", p["cut_s"], marks["cut"])
         marks["dropped"] = await asyncio.to_thread(net.dropped, x)
         marks["link_up_during_cut"] = await asyncio.to_thread(net.link_up, x)
         await asyncio.to_thread(net.heal, x)
         marks["heal"] = run.event("heal", node=xn, packets_dropped=marks["dropped"])
-        await asyncio.sleep(p["heal_s"])
+        await _hold(run, p, "heal", p["heal_s"], marks["heal"])
 
         relay.impair(p["delay_s"], p["loss"], p["rto_s"])
         marks["impair"] = run.event("delay+loss", node=xn, delay_s=p["delay_s"], loss=p["loss"])
-        await asyncio.sleep(p["impair_s"])
+        await _hold(run, p, "impair", p["impair_s"], marks["impair"])
         relay.clear()
         marks["heal2"] = run.event("heal", node=xn)
-        await asyncio.sleep(p["heal2_s"])
+        await _hold(run, p, "heal2", p["heal2_s"], marks["heal2"])
         run.stop = True
         await gen
         marks["traffic_end"] = run.event("traffic stops")
