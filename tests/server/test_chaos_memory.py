@@ -1,7 +1,8 @@
 """The chaos suite's memory pressure, CI variant: the real server in a memory cgroup whose limit
 the host tier outgrows (the ladder must act, no kill), then cut below one lane's parked KV (the
-OOM killer kills the worker; the lanes resume on a new one). n/a, skipped, without root or a
-memory cgroup."""
+OOM killer kills the worker; the lanes resume on a new one). Between the two the daemon keeps its
+host tier closed 5 s (SUPERFLUID_TEST_HOST_PAUSE_S) instead of 30 s, and the scenario waits that
+out. n/a, skipped, without root or a memory cgroup."""
 
 from __future__ import annotations
 

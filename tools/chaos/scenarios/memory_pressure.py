@@ -13,7 +13,8 @@ preempted lanes parked there (``--park``). The run, on one server in one cgroup:
    (``superfluid_prefix_evictions_total{reason="host_os_pressure"}``, the log's "OS memory
    pressure"), the working set falls back, every request answers 200, and the OOM killer has not
    fired (the cgroup's ``oom_kill`` count).
-2. **The kill.** Once the host tier is open again (30 s after the last pressure), the limit is cut
+2. **The kill.** Once the host tier is open again (30 s after the last pressure; in the CI variant
+   ``host_pause_s``, the daemon's pause shortened by ``SUPERFLUID_TEST_HOST_PAUSE_S``), the limit is cut
    to the working set plus a margin that the ladder reads as "ok" (over 10 % of the limit) but that
    is smaller than one long lane's KV. A ``background`` lane with a long prompt decodes; an
    ``interactive`` request preempts it, and parking its KV asks for more than the margin in one
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import aiohttp
 
+from superfluid.core.kv_room import HOST_PAUSE_S
 from tools.suite.common import call, metric_sum, metrics, stream
 
 from ..common import MODEL_NAME, Ctx, Outcome, verdict, wait_for
@@ -47,10 +49,12 @@ FAULT = ("the daemon and worker in a memory cgroup whose limit the host tier out
          "lane's parked KV (OOM kill)")
 PASS = ("the cgroup's pressure is read and the ladder drops the host tier before any kill, all 200; then the OOM "
         "killer kills the worker, the daemon stays up, the lanes resume on a new worker and finish whole")
+# host_pause_s: how long the daemon keeps its host tier closed after pressure (None: its own 30 s;
+# the CI variant sets it through SUPERFLUID_TEST_HOST_PAUSE_S and waits that out, not 31 s)
 FULL = {"headroom_mb": 300, "prompt_words": 1400, "max_fill": 14, "long_tokens": 7000, "context": 8192,
-        "reply_tokens": 24}
+        "reply_tokens": 24, "host_pause_s": None}
 FAST = {"headroom_mb": 120, "prompt_words": 1000, "max_fill": 10, "long_tokens": 3700, "context": 4096,
-        "reply_tokens": 16}
+        "reply_tokens": 16, "host_pause_s": 5.0}
 HEADLINE = ["ladder_acted_after", "pressure_level_max", "host_os_pressure_evictions", "ws_peak_mb", "limit_mb",
             "ws_after_ladder_mb", "oom_kills_phase1", "oom_kills", "park_mb", "margin_mb", "worker_restarted",
             "lanes_resumed_whole", "daemon_up"]
@@ -151,8 +155,10 @@ def run(ctx: Ctx) -> Outcome:
     p = ctx.p
     cg = Cgroup(f"superfluid-chaos-{os.getpid()}-{ctx.seed}")
     ctx.on_cleanup(cg.remove)  # after the servers are stopped: an empty cgroup can be removed
+    pause = p.get("host_pause_s")
     srv = ctx.serve("--max-batch", "1", "--max-context", str(p["context"]), "--park", "--host-cache-mb", "4096",
-                    "--threads", "2", prefix=cg.enter_prefix())
+                    "--threads", "2", prefix=cg.enter_prefix(),
+                    env={"SUPERFLUID_TEST_HOST_PAUSE_S": str(pause)} if pause else None)
     fig: dict = {}
     asyncio.run(_drive(ctx, srv, cg, fig))
     log = srv.log_text()
@@ -237,8 +243,10 @@ async def _drive(ctx: Ctx, srv, cg: Cgroup, fig: dict) -> None:
         fig["ws_after_ladder_mb"] = round(cg.working_set() / MIB)
         # ---- phase 2: one park bigger than the margin the ladder calls ok --------------------------
         pid_before = (await _health(http, base)).get("worker_pid")
-        # the host tier is closed for 30 s after pressure: a park then would be refused, not attempted
-        await asyncio.sleep(max(0.0, 31.0 - (time.monotonic() - last_pressure)))
+        # the host tier is closed for 30 s (host_pause_s) after pressure: a park then would be refused,
+        # not attempted
+        pause = p.get("host_pause_s") or HOST_PAUSE_S
+        await asyncio.sleep(max(0.0, pause + 1.0 - (time.monotonic() - last_pressure)))
         long_words = int(p["long_tokens"] / fig.get("tokens_per_word", 1.5))
         long_prompt = _prompt(rng, long_words, f"long {rng.random()}")
         background = asyncio.create_task(stream(
