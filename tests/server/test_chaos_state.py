@@ -1,6 +1,6 @@
 """The chaos suite's state-dir scenarios, CI variant (python -m tools.chaos --scenarios
 disk_full,kill_mid_write runs the full ones): the --state-dir on a tmpfs that fills up while
-sessions seal, park and open; and SIGKILLs of the daemon and its worker while sessions write
+sessions seal, park and open; and 4 SIGKILLs of the daemon and its worker while sessions write
 their state, each followed by a restart on the same state dir."""
 
 from __future__ import annotations
