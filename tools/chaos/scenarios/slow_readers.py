@@ -59,8 +59,8 @@ PASS = ("daemon RSS within 64 MiB of its baseline; the interactive streams' toke
         "no 5xx")
 FULL = {"normal": 2, "normal_tokens": 96, "phase_s": 40.0, "alone": True, "vanish": 200, "vanish_tokens": 24,
         "stall": 4, "stall_tokens": 800, "stall_s": 10.0, "half_close": 8, "slow_s": 30.0, "min_rate_ratio": 0.6}
-FAST = {"normal": 2, "normal_tokens": 48, "phase_s": 9.0, "alone": False, "vanish": 24, "vanish_tokens": 16,
-        "stall": 2, "stall_tokens": 800, "stall_s": 3.0, "half_close": 3, "slow_s": 6.0, "min_rate_ratio": 0.5}
+FAST = {"normal": 2, "normal_tokens": 48, "phase_s": 6.0, "alone": False, "vanish": 24, "vanish_tokens": 16,
+        "stall": 2, "stall_tokens": 800, "stall_s": 3.0, "half_close": 3, "slow_s": 5.0, "min_rate_ratio": 0.5}
 HEADLINE = ["rss_baseline_mib", "rss_fault_peak_mib", "rss_end_mib", "worker_rss_mib", "rate_baseline", "rate_fault",
             "rate_ratio", "stalled_cancelled", "vanished_connections", "slow_reader_bytes", "half_close",
             "lanes_busy_after", "5xx"]
