@@ -62,7 +62,7 @@ PASS = ("0 lost requests; every answer whole or a documented refusal (429 with a
         "503 model_unloaded, each with Retry-After; a stream's model_unloaded event); every reload took effect, "
         "a malformed one kept the old policy; the daemon up")
 FULL = {"clients": 100, "seconds": 90.0, "reloads": 20, "unloads": 5, "drain_s": 2.0, "lanes": 4}
-FAST = {"clients": 16, "seconds": 18.0, "reloads": 4, "unloads": 1, "drain_s": 1.0, "lanes": 4}
+FAST = {"clients": 16, "seconds": 10.0, "reloads": 4, "unloads": 1, "drain_s": 1.0, "lanes": 4}
 HEADLINE = ["requests", "whole", "documented", "lost", "undocumented", "reloads", "reloads_effective",
             "malformed_kept_old", "reload_s", "unloads", "saw_model_unloaded", "latency_p50_s", "latency_p99_s"]
 DOCUMENTED = {429: {"rate_limit_exceeded", "too_many_concurrent_requests", "queue_full"}, 503: {"model_unloaded"}}
