@@ -1,20 +1,32 @@
-"""A 200-turn tool session on one server-kept session, against the real server and model: every
-turn completes, and a turn's cost does not grow with the conversation — each one prefills about
-its new tokens only, and the first-token time of the last turns stays near that of the first.
+"""A long tool session on one server-kept session, against the real server and model: every turn
+completes, and a turn's cost does not grow with the conversation — each one prefills about its
+new tokens only, and the first-token time of the last turns stays near a fraction of prefilling
+the same conversation cold.
 
 Three turns in five force a ``lookup`` call (grammar-constrained on llama.cpp, so each one is a
 valid call); the other two let the model answer briefly (``tool_choice: "auto"``, 2 tokens), as an
-agent that reports progress now and then. 200 forced calls cannot fit one 8192-token context in
-the Hermes format: a call and its result take about 52 tokens a turn (the call as history ~34,
-the ``<tool_response>`` ~18), 200 of them ~10,400. The mix takes ~37 a turn, ~7,700 in all."""
+agent that reports progress now and then. A call and its result take about 52 tokens a turn in
+the Hermes format (the call as history ~34, the ``<tool_response>`` ~18); the mix takes ~37 a turn.
+
+CI runs a 50-turn session (~2,000 tokens of history, under a minute on two cores): every check
+below is the 200-turn run's, its thresholds scaled per turn. The 200-turn session (~7,700 tokens,
+near the 8192-token context; about 3 minutes on two cores) is the same test at full size:
+
+    SUPERFLUID_TOOL_SESSION_TURNS=200 .venv/bin/python -m pytest -s tests/server/test_tool_session.py
+
+(tools/suite's ``tool_session`` scenario, ``python -m tools.suite --targets superfluid --scenarios
+tool_session``, runs a 200-turn session too, judged by latency against other servers.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import urllib.request
 
-TURNS = 200
+# 200 forced calls alone (~52 tokens each) would not fit the 8192-token context; the mix does.
+TURNS = int(os.environ.get("SUPERFLUID_TOOL_SESSION_TURNS", "50"))
+WINDOW = min(20, TURNS // 5)  # the early and late turns compared: 20 of 200, 10 of 50
 FORCED_TURNS = 3  # of every 5
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look up a shelf by number",
@@ -55,22 +67,23 @@ def run_session(srv, turns: int) -> list[dict]:
     return curve
 
 
-def test_200_turn_tool_session(start_server, tmp_path):
+def test_tool_session_turns_prefill_only_their_new_tokens(start_server, tmp_path):
     # The host's memory pressure (PSI) on a shared CI machine would evict the cache this test
     # measures; the pressure ladder has its own tests.
     srv = start_server("--max-context", "8192", "--max-batch", "2", "--no-os-pressure")
     curve = run_session(srv, TURNS)
     (tmp_path / "tool_session_curve.json").write_text(json.dumps(curve, indent=1))
     history = curve[-1]["prompt_tokens"]
-    print(f"\n200-turn tool session: final prompt {history} tokens, "
+    print(f"\n{TURNS}-turn tool session: final prompt {history} tokens, "
           f"{sum(c['tool_calls'] > 0 for c in curve)} turns with a tool call "
           f"({sum(c['forced'] for c in curve)} forced)")
-    for c in curve[:3] + curve[98:100] + curve[-3:]:
+    for c in curve[:3] + curve[TURNS // 2 - 2:TURNS // 2] + curve[-3:]:
         print(c)
-    for name, part in (("first 20", curve[1:21]), ("last 20", curve[-20:])):
+    for name, part in ((f"first {WINDOW}", curve[1:WINDOW + 1]), (f"last {WINDOW}", curve[-WINDOW:])):
         print(f"{name}: median prompt_ms {statistics.median(c['prompt_ms'] for c in part):.1f}, "
               f"median prefilled {statistics.median(c['prefilled'] for c in part)}")
-    assert history > 4000  # the conversation really grew
+    # The conversation really grew: over 20 tokens a turn (~37 is the mix's; 4000 at 200 turns).
+    assert history > 20 * TURNS, (history, TURNS)
     assert sum(c["tool_calls"] > 0 for c in curve) > TURNS // 2  # most turns are parsed tool calls
     forced = [c for c in curve if c["forced"]]
     parsed = sum(c["tool_calls"] == 1 for c in forced)
@@ -81,9 +94,10 @@ def test_200_turn_tool_session(start_server, tmp_path):
         assert c["prefilled"] <= new + 40, (c, new, evictions(srv))
     # So a late turn's first token costs its new tokens' prefill, not the history's: a fraction
     # of prefilling the same conversation cold. (It still grows a little with the history: each
-    # new token attends over all of it.)
+    # new token attends over all of it.) A late turn prefills ~37 tokens, the cold request the
+    # whole history (~1,900 at 50 turns, ~7,700 at 200), so a quarter holds at either size.
     cold = cold_prefill(srv, curve[-1]["session"])
-    late = statistics.median(c["prompt_ms"] for c in curve[-20:])
+    late = statistics.median(c["prompt_ms"] for c in curve[-WINDOW:])
     print(f"cold prefill of the final history: {cold['prompt_n']} tokens in {cold['prompt_ms']:.0f} ms; "
           f"late turns' median {late:.0f} ms ({late / cold['prompt_ms']:.2f}x)")
     assert cold["prompt_n"] > 0.9 * history
