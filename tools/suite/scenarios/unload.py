@@ -18,7 +18,8 @@ from ..targets import MODEL_NAME, ServeConfig
 KEY, TITLE = "unload", "unload under traffic"
 FULL = {"clients": 8, "duration": 14.0, "unload_at": 4.0, "load_at": 8.0, "drain": 2.0, "max_tokens": 48,
         "bound": 60.0, "lanes": 8, "context": 2048}
-FAST = {"clients": 3, "duration": 6.0, "unload_at": 1.5, "load_at": 3.5, "drain": 1.0, "max_tokens": 24,
+# FAST: the same three phases (served, unloaded, reloaded), each as short as still leaves traffic in it
+FAST = {"clients": 3, "duration": 4.0, "unload_at": 1.0, "load_at": 2.5, "drain": 1.0, "max_tokens": 24,
         "bound": 30.0, "lanes": 2, "context": 1024}
 
 
