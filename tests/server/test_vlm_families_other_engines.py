@@ -5,7 +5,8 @@ tests/vlm_families_reference.py), and a request with an image is a 400 in OpenAI
 code ``images_not_served``, naming the engine, the family and llama.cpp, after which the
 server still answers. A model an engine cannot load at all (a Qwen-VL GGUF on basert, a Gemma 3
 shallower than mlx-lm's Gemma 3 runs) stops ``superfluid serve`` with a ConfigError naming the
-engine, the family and the engine that serves it, and no traceback.
+engine, the family and the engine that serves it, and no traceback. One server per engine
+serves every form it can as a model of its own.
 
 MLX serves Gemma 3's text from a six-layer copy of the fixture built here (transformers' own
 class, seeded random weights, the fixture's tokenizer): mlx-lm's Gemma 3 needs a global layer
@@ -93,51 +94,74 @@ def _reference_text(hf_dir: str) -> str:
     return tok.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
+def _model_name(family: str, form: str) -> str:
+    return f"{MODEL}-{family}-{form}"
+
+
+@pytest.fixture(scope="module")
+def engine_servers(tmp_path_factory, six_layer_gemma3):
+    """One server per engine serving each of its forms as a model of its own ([[models]] tables:
+    one start, and for basert one torch import, instead of one a form), started when a test
+    first needs it. A model's requests and refusals touch no other model's lanes."""
+    servers: dict[str, ServerProcess] = {}
+
+    def get(engine: str) -> ServerProcess:
+        if engine not in servers:
+            tmp = tmp_path_factory.mktemp(f"server-{engine}")
+            tables = "".join(f'\n[[models]]\nname = "{_model_name(f, form)}"\npath = "{_path(f, form, six_layer_gemma3)}"\n'
+                             for e, f, form in SERVED if e == engine)
+            cfg = tmp / "superfluid.toml"
+            cfg.write_text(f'engine = "{engine}"\nmax-context = 1024\nmax-batch = 2\nthreads = 2\n{tables}')
+            servers[engine] = ServerProcess(["--config", str(cfg)], tmp / "server.log",
+                                            startup_timeout=300)  # loads them in turn
+        return servers[engine]
+
+    yield get
+    for srv in servers.values():
+        srv.stop()
+
+
 @pytest.fixture(scope="module", params=SERVED, ids=["-".join(c) for c in SERVED])
-def served(request, tmp_path_factory, six_layer_gemma3):
+def served(request, engine_servers, six_layer_gemma3):
     engine, family, form = request.param
     if engine == "mlx":
         pytest.importorskip("mlx_lm")
-    path = _path(family, form, six_layer_gemma3)
     hf_dir = str(six_layer_gemma3) if form == "hf6" else str(ref.fixture(family)["hf"])
-    srv = ServerProcess(["--model", path, "--model-name", MODEL, "--engine", engine, "--max-context", "1024",
-                         "--max-batch", "2", "--threads", "2"], tmp_path_factory.mktemp("server") / "server.log")
-    yield srv, engine, family, hf_dir
-    srv.stop()
+    return engine_servers(engine), engine, family, hf_dir, _model_name(family, form)
 
 
 def _client(srv):
     return openai.OpenAI(base_url=srv.base + "/v1", api_key="x", timeout=300, max_retries=0)
 
 
-def _chat(client) -> str:
-    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=N, temperature=0)
+def _chat(client, model: str) -> str:
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0)
     return reply.choices[0].message.content
 
 
 def test_text_chat_equals_transformers(served):
-    srv, _engine, _family, hf_dir = served
-    assert _chat(_client(srv)) == _reference_text(hf_dir)
+    srv, _engine, _family, hf_dir, model = served
+    assert _chat(_client(srv), model) == _reference_text(hf_dir)
 
 
 def test_an_image_is_a_400_naming_engine_and_family_and_the_server_stays_healthy(served):
-    srv, engine, family, _hf = served
+    srv, engine, family, _hf, model = served
     client = _client(srv)
-    before = _chat(client)
+    before = _chat(client, model)
     with pytest.raises(openai.BadRequestError) as caught:
-        cases.ask(client, MODEL, cases.image_messages(cases.RED))
+        cases.ask(client, model, cases.image_messages(cases.RED))
     error = caught.value.body
     assert error["code"] == "images_not_served" and error["param"] == "messages", error
     message = error["message"]
     assert f"{engine} does not serve {NAMES[family]} images" in message and "llama.cpp" in message, message
     assert srv.get_json("/health")["status"] == "ok"
-    assert _chat(client) == before  # the refused request left nothing behind
+    assert _chat(client, model) == before  # the refused request left nothing behind
 
 
 def test_a_streamed_image_request_is_the_same_400(served):
-    srv, engine, family, _hf = served
+    srv, engine, family, _hf, model = served
     with pytest.raises(openai.BadRequestError) as caught:
-        _client(srv).chat.completions.create(model=MODEL, messages=cases.image_messages(cases.BLUE),
+        _client(srv).chat.completions.create(model=model, messages=cases.image_messages(cases.BLUE),
                                              max_tokens=N, stream=True)
     assert caught.value.body["code"] == "images_not_served"
     assert NAMES[family] in caught.value.body["message"] and engine in caught.value.body["message"]
@@ -158,16 +182,16 @@ def test_a_model_the_engine_cannot_load_is_a_config_error_naming_who_serves_it(e
 
 
 def test_the_messages_and_responses_apis_refuse_an_image_with_the_same_reason(served):
-    srv, engine, family, _hf = served
+    srv, engine, family, _hf, model = served
     png = cases.data_url(cases.RED).split(",", 1)[1]
     status, reply = srv.call("POST", "/v1/messages", {
-        "model": MODEL, "max_tokens": N, "messages": [{"role": "user", "content": [
+        "model": model, "max_tokens": N, "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}},
             {"type": "text", "text": cases.QUESTION}]}]})
     assert status == 400 and reply["type"] == "error", reply
     assert f"{engine} does not serve {NAMES[family]} images" in reply["error"]["message"], reply
     status, reply = srv.call("POST", "/v1/responses", {
-        "model": MODEL, "max_output_tokens": N, "input": [{"role": "user", "content": [
+        "model": model, "max_output_tokens": N, "input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": cases.data_url(cases.RED)},
             {"type": "input_text", "text": cases.QUESTION}]}]})
     assert status == 400 and reply["error"]["code"] == "images_not_served", reply
