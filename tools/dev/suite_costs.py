@@ -106,14 +106,19 @@ class SuiteCosts:
         rows = self.finished()
         if self.path:
             Path(self.path).write_text(json.dumps(rows, indent=1))
-        if not self.top or not rows:
-            return
-        tr = terminalreporter
-        tr.write_sep("=", f"slowest {min(self.top, len(rows))} tests, with their kind")
-        for r in rows[: self.top]:
-            busy = "  -" if r["busy"] is None else f"{r['busy']:.2f}"
-            tr.write_line(f"{r['total_s']:8.1f}s  set-up {r['setup_s']:6.1f}s  busy {busy}  "
-                          f"{r['kind']:<12}  {r['test']}")
+        if self.top and rows:
+            terminalreporter.write_sep("=", f"slowest {min(self.top, len(rows))} tests, with their kind")
+            for line in table(rows, self.top):
+                terminalreporter.write_line(line)
+
+
+def table(rows: list[dict], top: int) -> list[str]:
+    """The ``top`` slowest of ``rows`` (records as written to ``--costs-file``), a line each."""
+    out = []
+    for r in sorted(rows, key=lambda r: -r["total_s"])[:top]:
+        busy = "  -" if r["busy"] is None else f"{r['busy']:.2f}"
+        out.append(f"{r['total_s']:8.1f}s  set-up {r['setup_s']:6.1f}s  busy {busy}  {r['kind']:<12}  {r['test']}")
+    return out
 
 
 def pytest_addoption(parser):
@@ -128,3 +133,22 @@ def pytest_configure(config):
     if getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(SuiteCosts(config.getoption("--costs-file"),
                                                  config.getoption("--costs-top")), "suite-costs")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tools.dev.suite_costs [--top N] FILE...``: the slowest tests of several runs'
+    ``--costs-file`` records together (``tools/dev/test.sh`` runs the suite in two parts)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the slowest tests of one or more --costs-file records")
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args(argv)
+    rows = [r for f in args.files if Path(f).exists() for r in json.loads(Path(f).read_text())]
+    total = sum(r["total_s"] for r in rows)
+    print(f"slowest {min(args.top, len(rows))} of {len(rows)} tests ({total:.0f} s of test time), with their kind:")
+    print("\n".join(table(rows, args.top)))
+
+
+if __name__ == "__main__":
+    main()
