@@ -1,16 +1,38 @@
 #!/usr/bin/env bash
 # Set up (once) and run the whole test suite: unit tests plus real servers on loopback
 # ports with the real default model. Extra arguments go to pytest.
-# It prints the 15 slowest tests (--durations) and the set-up's and the tests' wall times, so
-# every change sees what it costs the suite (docs/development.md: the time budget).
+#
+# With no test path among the arguments it runs in two parts: the unit, docs and packaging tests
+# on every core (pytest-xdist: they are independent and most are pure Python, so each core takes
+# a share), then the server tests one at a time (each starts real servers whose timings and
+# memory its assertions read; two at once would measure each other). With a path it runs pytest
+# once on what it names.
+#
+# It ends with the 15 slowest tests and their kind (tools/dev/suite_costs.py: server start,
+# waiting, real work), then the set-up's and the tests' wall times and the CPU, so every change
+# sees what it costs the suite (docs/development.md: the time budget).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 start=$(date +%s)
 bash tools/dev/setup.sh
 setup_done=$(date +%s)
+costs=$(mktemp -d)
+trap 'rm -rf "$costs"' EXIT
+pytest=(.venv/bin/python -m pytest -p tools.dev.suite_costs --costs-top 0)
+named_path=0
+for arg in "$@"; do
+    [[ "$arg" != -* && -e "${arg%%::*}" ]] && named_path=1
+done
 status=0
-.venv/bin/python -m pytest --durations=15 "$@" || status=$?
+if (( named_path )); then
+    "${pytest[@]}" --costs-file "$costs/all.json" "$@" || status=$?
+else
+    "${pytest[@]}" --costs-file "$costs/unit.json" -n auto tests/unit tests/test_docs.py tests/test_packaging.py "$@" \
+        || status=$?
+    "${pytest[@]}" --costs-file "$costs/server.json" tests/server "$@" || status=$?
+fi
 end=$(date +%s)
+.venv/bin/python -m tools.dev.suite_costs --top 15 "$costs"/*.json || true
 echo "wall time: set-up $((setup_done - start)) s, tests $((end - setup_done)) s, total $((end - start)) s" \
      "($(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || uname -m))"
 exit $status
