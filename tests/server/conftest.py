@@ -52,16 +52,26 @@ def start_server(tmp_path_factory, model_path):
     """Factory: start_server(*flags, model=None, env=None) → a running ServerProcess (``env``: extra
     environment variables; ``model``: another GGUF than the default). It is stopped when the test
     module that started it ends (``keep=True``: at the end of the session), so servers do not
-    pile up over a run: each holds a model and its worker, and a whole run starts dozens."""
+    pile up over a run: each holds a model and its worker, and a whole run starts dozens.
+
+    ``shared=True``: one server per configuration for the whole session: a module whose tests do
+    not change a server's state (no unloads, no kills, no counters read as absolute values) gets
+    the one an earlier module started with the same flags, model and environment."""
     started: list[ServerProcess] = []
+    by_config: dict[tuple, ServerProcess] = {}
 
     def start(*flags: str, keep: bool = False, model: str | None = None,
-              env: dict[str, str] | None = None) -> ServerProcess:
+              env: dict[str, str] | None = None, shared: bool = False) -> ServerProcess:
+        key = (flags, model, tuple(sorted((env or {}).items())))
+        if shared and key in by_config and by_config[key].proc.poll() is None:
+            return by_config[key]
         args = ["--model", model or model_path, "--model-name", "smollm2", "--max-context", TEST_CONTEXT, *flags]
         log = tmp_path_factory.mktemp("server") / "server.log"
         srv = ServerProcess(args, log, env=env)
-        srv.keep = keep
+        srv.keep = keep or shared
         started.append(srv)
+        if shared:
+            by_config[key] = srv
         return srv
 
     start.started = started
@@ -83,7 +93,7 @@ def stop_servers_after_module(start_server):
 @pytest.fixture(scope="session")
 def server(start_server) -> ServerProcess:
     """One shared server with 8 lanes, for the API tests."""
-    return start_server("--max-batch", "8", keep=True)
+    return start_server("--max-batch", "8", shared=True)
 
 
 @pytest.fixture

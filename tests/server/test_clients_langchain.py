@@ -52,7 +52,7 @@ def check_time_args(args):
 
 @pytest.fixture(scope="module")
 def srv(start_server):
-    return start_server("--max-batch", "4")
+    return start_server("--max-batch", "4", shared=True)  # chats only: the same server as the other clients
 
 
 def chat(srv, **kw) -> ChatOpenAI:

@@ -71,7 +71,7 @@ class Srv:
 @pytest.fixture(scope="module", params=list(ENGINES))
 def srv(request, start_server, tmp_path_factory):
     if request.param == "llamacpp":
-        return Srv(start_server("--max-batch", "4"), "llamacpp")
+        return Srv(start_server("--max-batch", "4", shared=True), "llamacpp")  # chats only: shared
     pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'superfluid[mlx]')")
     pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'superfluid[mlx]')")
     tiny = write_tiny_llama(tmp_path_factory.mktemp("clients-mlx") / "tiny.gguf", quant="Q8_0",

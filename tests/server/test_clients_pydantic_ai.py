@@ -41,7 +41,7 @@ class City(BaseModel):
 
 @pytest.fixture(scope="module")
 def srv(start_server):
-    return start_server("--max-batch", "4")
+    return start_server("--max-batch", "4", shared=True)  # chats only: the same server as the other clients
 
 
 def provider(srv) -> OpenAIProvider:
