@@ -34,6 +34,16 @@ def test_a_matching_pair_serves(certs):
     assert isinstance(client_context(str(certs.ca)), ssl.SSLContext)
 
 
+def test_an_unreadable_key_file_is_named(certs, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("runs as root, and root reads a mode-000 file anyway: needs a user without root")
+    locked = tmp_path / "locked.pem"
+    locked.write_bytes(certs.key.read_bytes())
+    locked.chmod(0)
+    with pytest.raises(ConfigError, match="cannot read it"):
+        server_context(str(certs.cert), str(locked))
+
+
 def test_errors_name_the_flag_and_the_file(certs, tmp_path):
     cert, key = str(certs.cert), str(certs.key)
     with pytest.raises(ConfigError, match="--ssl-certfile needs --ssl-keyfile"):
@@ -47,12 +57,6 @@ def test_errors_name_the_flag_and_the_file(certs, tmp_path):
         server_context(cert, missing)
     with pytest.raises(ConfigError, match="is a directory"):
         server_context(str(tmp_path), key)
-    if os.geteuid() != 0:  # root reads a mode-000 file anyway
-        locked = tmp_path / "locked.pem"
-        locked.write_bytes(certs.key.read_bytes())
-        locked.chmod(0)
-        with pytest.raises(ConfigError, match="cannot read it"):
-            server_context(cert, str(locked))
     with pytest.raises(ConfigError, match=f"--ssl-certfile {key}: not a PEM certificate"):
         server_context(key, key)  # the files swapped
     with pytest.raises(ConfigError, match=f"--ssl-keyfile {cert}: not a PEM private key"):
