@@ -4,7 +4,8 @@ the default model, MLX with the tiny model its tests build, each served under re
 piece per parameter, string values as plain text) and Mistral's ``[TOOL_CALLS]name[ARGS]``. The
 llama.cpp engine is covered by test_family_forced_calls.py. The string parameters have a
 ``maxLength``: the MLX model is random, and a plain-text value ends where the model's text does
-(or at the schema's bound)."""
+(or at the schema's bound). One server per engine serves the model once per template, each
+under the template's name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pathlib
 
 import pytest
 
+from .conftest import TEST_CONTEXT
+from .serverproc import ServerProcess
 from .test_basert_server import BASERT
 from .test_mlx import tiny, tiny_path  # noqa: F401  the MLX tests' tiny model
 
@@ -36,8 +39,8 @@ def client(srv):
 
 
 def check_calls(srv, model: str, family: str, max_tokens: int = 48) -> None:
-    models = srv.get_json("/v1/models")["data"]
-    assert models[0]["meta"]["tool_call_parser"] == family
+    (entry,) = [m for m in srv.get_json("/v1/models")["data"] if m["id"] == model]
+    assert entry["meta"]["tool_call_parser"] == family
     c = client(srv)
     named = c.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], max_tokens=max_tokens,
                                       temperature=0, tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -54,14 +57,39 @@ def check_calls(srv, model: str, family: str, max_tokens: int = 48) -> None:
     assert not (required.choices[0].message.content or "").strip()
 
 
+def serve_each_template(tmp: pathlib.Path, engine: str, path: str, stems: list[str], **top) -> ServerProcess:
+    """One server (one start, and for basert one torch import) serving ``path`` once per template,
+    each a model named after its template's stem ([[models]] tables), so each model's calls are
+    in its own family's syntax."""
+    head = "".join(f"{k.replace('_', '-')} = {v}\n" for k, v in top.items())
+    tables = "".join(f'\n[[models]]\nname = "{stem}"\npath = "{path}"\n'
+                     f'chat-template-file = "{TEMPLATES / f"{stem}.jinja"}"\n' for stem in stems)
+    cfg = tmp / "superfluid.toml"
+    cfg.write_text(f'engine = "{engine}"\nmax-batch = 2\n{head}{tables}')
+    return ServerProcess(["--config", str(cfg)], tmp / "server.log", startup_timeout=300)  # loads them in turn
+
+
+@pytest.fixture(scope="module")
+def basert_srv(tmp_path_factory, model_path):
+    flags = dict(zip(BASERT[::2], BASERT[1::2]))  # the basert tests' flags, in TOML
+    srv = serve_each_template(tmp_path_factory.mktemp("basert"), flags["--engine"], model_path, BASERT_FAMILIES,
+                              threads=flags["--threads"], max_context=TEST_CONTEXT)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def mlx_srv(tmp_path_factory, tiny_path):  # noqa: F811
+    srv = serve_each_template(tmp_path_factory.mktemp("mlx"), "mlx", tiny_path, MLX_FAMILIES, max_context=TEST_CONTEXT)
+    yield srv
+    srv.stop()
+
+
 @pytest.mark.parametrize("stem", BASERT_FAMILIES)
-def test_basert_forced_calls_in_the_family_syntax(start_server, stem):
-    srv = start_server(*BASERT, "--max-batch", "2", "--chat-template-file", str(TEMPLATES / f"{stem}.jinja"))
-    check_calls(srv, "smollm2", FAMILIES[stem])
+def test_basert_forced_calls_in_the_family_syntax(basert_srv, stem):
+    check_calls(basert_srv, stem, FAMILIES[stem])
 
 
 @pytest.mark.parametrize("stem", MLX_FAMILIES)
-def test_mlx_forced_calls_in_the_family_syntax(start_server, tiny_path, stem):  # noqa: F811
-    srv = start_server("--model", tiny_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2",
-                       "--chat-template-file", str(TEMPLATES / f"{stem}.jinja"))
-    check_calls(srv, "tiny", FAMILIES[stem], max_tokens=200)  # the tiny model's tokens are letters
+def test_mlx_forced_calls_in_the_family_syntax(mlx_srv, stem):
+    check_calls(mlx_srv, stem, FAMILIES[stem], max_tokens=200)  # the tiny model's tokens are letters
