@@ -1,9 +1,12 @@
-"""Rope scaling reaches basert through the server: SmolLM2 (the GGUF) served by basert with
-``--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64`` and ``--max-context 16384`` (twice the
-training window, accepted because scaling is on), a ~200-token prompt (past the 64-token original
-window): the greedy reply through the openai client, and the logprob of each token it chose,
-equal transformers' LlamaForCausalLM reading the same GGUF with ``rope_parameters`` set to that
-YaRN. The math itself is tested on tiny models in tests/unit/test_basert_rope.py."""
+"""Rope scaling reaches basert through the server: a tiny random-weight llama GGUF
+(tests/tinygguf.py: a 64-token training window, weights spread enough that positions matter)
+served by basert with ``--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64`` and
+``--max-context 256`` (four times the training window, accepted because scaling is on), a
+~240-token prompt (past the 64-token window): the greedy reply through the openai client, and
+the logprob of each token it chose, equal transformers' LlamaForCausalLM reading the same GGUF
+with ``rope_parameters`` set to that YaRN. The tiny model takes SmolLM2's path (GGUF loader, the
+options' YaRN, the served sampler) at a fraction of the reference's cost. The math itself is
+tested on tiny models in tests/unit/test_basert_rope.py."""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 openai = pytest.importorskip("openai")
 
-YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
-TOKENS = 8
+WINDOW = 64  # the tiny model's training context, and the YaRN's original window
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": WINDOW}
+TOKENS = 10  # the tiny model's 8th token starts a multi-byte character the server holds back; its 10th ends clean
+NOTES = 8    # a ~240-token prompt with the tiny vocabulary: past the window, and with the reply within 256
 
 
 def reference(path: str, scaling: dict | None):
@@ -49,14 +54,23 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     return tokens, logprobs
 
 
-def test_basert_served_with_yarn_equals_transformers(start_server, model_path):
+@pytest.fixture
+def tiny(tmp_path) -> str:
+    """The tiny llama GGUF with a 64-token training window; std 0.2 makes attention sharp enough
+    that rope frequencies change the reply (at tinygguf's default 0.02 attention is nearly uniform)."""
+    from ..tinygguf import write_tiny_llama
+
+    return str(write_tiny_llama(tmp_path / "tiny-64.gguf", context_length=WINDOW, std=0.2))
+
+
+def test_basert_served_with_yarn_equals_transformers(start_server, tiny):
     from superfluid.plugins.vocab import GGUFVocab
 
-    srv = start_server("--engine", "basert", "--max-batch", "2", "--max-context", "16384", "--rope-scaling", "yarn",
-                       "--rope-scale", "4", "--yarn-orig-ctx", "64")
+    srv = start_server("--engine", "basert", "--max-batch", "2", "--max-context", str(4 * WINDOW), "--rope-scaling",
+                       "yarn", "--rope-scale", "4", "--yarn-orig-ctx", str(WINDOW), model=tiny)
     listed = {m["id"]: m for m in srv.get_json("/v1/models")["data"]}
-    assert listed["smollm2"]["context_length"] == 16384  # twice the training window: scaling is on
-    notes = " ".join(f"Note {i}: the team ships the {i}th part on day {i}." for i in range(14))
+    assert listed["smollm2"]["context_length"] == 4 * WINDOW  # four times the training window: scaling is on
+    notes = " ".join(f"Note {i}: the team ships the {i}th part on day {i}." for i in range(NOTES))
     prompt = f"<|im_start|>user\n{notes}\nWhich day is the 7th part shipped?<|im_end|>\n<|im_start|>assistant\n"
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=300, max_retries=0)
     r = client.completions.create(model="smollm2", prompt=prompt, max_tokens=TOKENS, temperature=0, logprobs=1,
@@ -64,14 +78,14 @@ def test_basert_served_with_yarn_equals_transformers(start_server, model_path):
     served_text, served_lp = r.choices[0].text, r.choices[0].logprobs.token_logprobs
     srv.stop()
 
-    vocab = GGUFVocab(model_path, "smollm2")
+    vocab = GGUFVocab(tiny, "smollm2")
     try:
         ids = vocab.tokenize(prompt, True, True)
-        assert len(ids) == r.usage.prompt_tokens > 150
+        assert 4 * WINDOW - TOKENS >= len(ids) == r.usage.prompt_tokens > 150
         torch.set_num_threads(2)
-        tokens, logprobs = greedy(reference(model_path, YARN), ids, TOKENS)
+        tokens, logprobs = greedy(reference(tiny, YARN), ids, TOKENS)
         text = b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-        plain, _ = greedy(reference(model_path, None), ids, TOKENS)
+        plain, _ = greedy(reference(tiny, None), ids, TOKENS)
     finally:
         vocab.close()
     assert served_text == text, (served_text, text)
