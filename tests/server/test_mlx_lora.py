@@ -2,9 +2,16 @@
 GGUF with the fixture's adapters (tools/fixtures/tiny_lora.py) as llama.cpp GGUFs and as PEFT
 directories. The reference is mlx-lm's own ``LoRALinear`` (mlx_lm.tuner) holding the same
 matrices on a fresh model, decoding alone; in the runner lanes of different sets run in
-alternating ticks, so the set changes between ticks while each slot keeps its own KV."""
+alternating ticks, so the set changes between ticks while each slot keeps its own KV.
+
+SmolLM2 decodes at a few tokens a second on MLX's CPU kernels, so the replies are N = 6 tokens:
+a prefill tick and two decode ticks a lane (grants of 3), so each lane still meets two set changes,
+and the adapters already change the first 4 tokens. A reference is computed once per run
+(``mlx_lm_reference`` is memoized): test_mlx_lora_server.py asks for the same ones."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -20,7 +27,7 @@ from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
-N = 12
+N = 6  # 1 prefill token + two grants of 3 (see the docstring)
 A, B = (("a", 1.0),), (("b", 1.0),)
 
 
@@ -39,7 +46,13 @@ def prompt(smol):
 
 def mlx_lm_reference(path: str, adapter: str | None, prompt: list[int]) -> list[int]:
     """Greedy tokens of a fresh model whose linear layers are mlx-lm's own LoRALinear holding the
-    adapter GGUF's matrices (scale alpha / r), one token a step through mlx-lm's KV caches."""
+    adapter GGUF's matrices (scale alpha / r), one token a step through mlx-lm's KV caches.
+    Computed once a run for each (file, adapter, prompt): both LoRA modules use it."""
+    return list(_reference(path, adapter, tuple(prompt)))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(path: str, adapter: str | None, prompt: tuple[int, ...]) -> tuple[int, ...]:
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.tuner.lora import LoRALinear
 
@@ -54,13 +67,14 @@ def mlx_lm_reference(path: str, adapter: str | None, prompt: list[int]) -> list[
             lora.lora_a, lora.lora_b = a.T, b.T
             setattr(parent, module, lora)
     cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)
+    logits = model(mx.array([list(prompt)]), cache=cache)
     out = []
     while len(out) < N:
         token = int(mx.argmax(logits[0, -1]).item())
         out.append(token)
-        logits = model(mx.array([[token]]), cache=cache)
-    return out
+        if len(out) < N:  # the last token's logits are never read
+            logits = model(mx.array([[token]]), cache=cache)
+    return tuple(out)
 
 
 def run_alternating(runner, lanes: dict, prompt, grant: int = 3) -> dict[int, list[int]]:
