@@ -227,27 +227,6 @@ def test_an_image_prefix_parked_in_the_host_tier_comes_back(start_server, fam):
     assert srv.settled_metric("superfluid_images_encoded_total") == encoded
 
 
-KILLED_LONG = 40
-
-
-@pytest.mark.parametrize("fam", ref.FAMILIES)
-def test_a_killed_worker_loses_no_image_lane(start_server, fam):
-    """SIGKILL the llama.cpp worker while three image lanes stream: the new worker encodes the
-    images again and places every lane's tokens from the request's images (nothing of the
-    positions lived only in the dead worker), and every reply is the one an undisturbed run
-    gives."""
-    srv = start_server("--model-name", MODEL, "--max-batch", "4", model=str(ref.fixture(fam)["gguf"]))
-    wide, tall = SIZES[fam]
-    asks = [(RED, wide), (BLUE, tall), (GREEN, wide)]
-
-    bodies = [{"model": MODEL, "messages": messages(rgb, size, "Describe it."), "max_tokens": KILLED_LONG,
-               "temperature": 0, "ignore_eos": True, "cache_prompt": False} for rgb, size in asks]
-    undisturbed, texts, at_kill = cases.killed_mid_stream(srv, MODEL, bodies)
-    assert texts == undisturbed
-    assert min(at_kill) > 0 and max(at_kill) < KILLED_LONG  # killed mid-stream
-    assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
-
-
 def test_a_prompt_only_counted_counts_its_image_rows_exactly(srv, family):
     """Messages' count_tokens prepares a prompt without loading its image: its rows follow from
     the size in the PNG's header (Qwen: the smart-resized grid; Gemma 3: the tile's), as the chat
@@ -262,3 +241,25 @@ def test_a_prompt_only_counted_counts_its_image_rows_exactly(srv, family):
         assert status == 200, counted
         chat = client.chat.completions.create(model=MODEL, max_tokens=1, messages=messages(RED, size))
         assert counted["input_tokens"] == chat.usage.prompt_tokens, size
+
+
+KILLED_LONG = 40
+
+
+def test_a_killed_worker_loses_no_image_lane(srv, family):
+    """SIGKILL the llama.cpp worker while three image lanes stream: the new worker encodes the
+    images again and places every lane's tokens from the request's images (nothing of the
+    positions lived only in the dead worker), and every reply is the one an undisturbed run
+    gives. On the family's shared server (the flags this test needs): defined last, so it runs
+    last of the tests on that server (pytest groups them by family), the only one that kills
+    its worker."""
+    fam = family
+    wide, tall = SIZES[fam]
+    asks = [(RED, wide), (BLUE, tall), (GREEN, wide)]
+
+    bodies = [{"model": MODEL, "messages": messages(rgb, size, "Describe it."), "max_tokens": KILLED_LONG,
+               "temperature": 0, "ignore_eos": True, "cache_prompt": False} for rgb, size in asks]
+    undisturbed, texts, at_kill = cases.killed_mid_stream(srv, MODEL, bodies)
+    assert texts == undisturbed
+    assert min(at_kill) > 0 and max(at_kill) < KILLED_LONG  # killed mid-stream
+    assert srv.get_json("/health")["models"][MODEL]["restarts"] == 1
