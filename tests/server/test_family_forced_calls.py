@@ -9,7 +9,8 @@ valid call. Each API reads it back: /v1/chat/completions (the ``openai`` client)
 tool_choice, answers a chat with tools and, when the model calls, the call parses. /v1/models
 names the detected ``tool_call_parser``.
 
-One server per template (4 lanes), greedy and short replies."""
+One server serving SmolLM2 once per template (each a model of its own, 4 lanes), greedy and short
+replies."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ import pathlib
 
 import pytest
 
+from .conftest import TEST_CONTEXT
+from .serverproc import ServerProcess
+
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 ollama = pytest.importorskip("ollama")
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
-NAME = "smollm2"  # start_server's model name
+NAME = "smollm2"  # the served model's name, before its family's
 MAX_TOKENS = 64
 
 # template file → (the tool_call_parser the server detects from it, the pre-fill ending the prompt of
@@ -87,20 +91,44 @@ def clean(text: str | None) -> None:
         assert marker not in (text or ""), (marker, text)
 
 
+def model_name(template: str) -> str:
+    """The model serving SmolLM2 under ``template``: named after the parser it is detected as."""
+    return f"{NAME}-{FAMILIES[template][0]}"
+
+
+@pytest.fixture(scope="module")
+def every_template(tmp_path_factory, model_path):
+    """One server (4 lanes a model) serving SmolLM2 once per template found, each a model of its
+    own ([[models]] tables, each with its --chat-template-file): one start instead of five."""
+    tmp = tmp_path_factory.mktemp("templates")
+    tables = "".join(f'\n[[models]]\nname = "{model_name(t)}"\npath = "{model_path}"\n'
+                     f'chat-template-file = "{SHARED / t}"\n' for t in FAMILIES if (SHARED / t).exists())
+    if not tables:
+        pytest.skip(f"{SHARED} has none of the templates (the shared templates)")
+    cfg = tmp / "superfluid.toml"
+    cfg.write_text(f"max-batch = 4\nmax-context = {TEST_CONTEXT}\n{tables}")
+    srv = ServerProcess(["--config", str(cfg)], tmp / "server.log", startup_timeout=300)  # loads them in turn
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES), ids=[f.split(".jinja")[0] for f in FAMILIES])
-def family(request, start_server):
-    """(template file name, its server); the server is stopped before the next template's starts."""
+def family(request, every_template):
+    """(template file name, the server, the model served under that template)."""
     path = SHARED / request.param
     if not path.exists():
         pytest.skip(f"{path} is missing (the shared templates)")
-    srv = start_server("--chat-template-file", str(path), "--max-batch", "4")
-    yield request.param, srv
-    srv.stop()
+    return request.param, every_template, model_name(request.param)
 
 
 @pytest.fixture
 def srv(family):
     return family[1]
+
+
+@pytest.fixture
+def model(family):
+    return family[2]
 
 
 def fail_with_log(srv, what: str):
@@ -111,8 +139,8 @@ def fail_with_log(srv, what: str):
 
 
 def test_models_names_the_detected_parser(family):
-    name, srv = family
-    (entry,) = [m for m in srv.get_json("/v1/models")["data"] if m["id"] == NAME]
+    name, srv, model = family
+    (entry,) = [m for m in srv.get_json("/v1/models")["data"] if m["id"] == model]
     assert entry["meta"]["tool_call_parser"] == FAMILIES[name][0]
     assert entry["meta"]["tool_call_parser_source"] == "auto"
     assert entry["meta"]["chat_template_source"] == f"file:{SHARED / name}"
@@ -120,8 +148,8 @@ def test_models_names_the_detected_parser(family):
 
 @pytest.mark.parametrize("choice", CHOICES)
 def test_the_forced_prompt_ends_in_the_family_pre_fill(family, choice):
-    name, srv = family
-    body = {k: v for k, v in chat_args(choice).items() if k in ("model", "messages", "tools", "tool_choice")}
+    name, srv, model = family
+    body = {k: v for k, v in chat_args(model, choice).items() if k in ("model", "messages", "tools", "tool_choice")}
     status, out = srv.call("POST", "/apply-template", body)
     assert status == 200, out
     lead = FAMILIES[name][1 if choice == "named" else 2]
@@ -131,9 +159,9 @@ def test_the_forced_prompt_ends_in_the_family_pre_fill(family, choice):
 # ---- /v1/chat/completions ------------------------------------------------------------------------
 
 
-def chat_args(choice: str) -> dict:
+def chat_args(model: str, choice: str) -> dict:
     tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else "required"
-    return dict(model=NAME, messages=[{"role": "user", "content": ASK}], tools=openai_tools(),
+    return dict(model=model, messages=[{"role": "user", "content": ASK}], tools=openai_tools(),
                 tool_choice=tool_choice, temperature=0, max_tokens=MAX_TOKENS)
 
 
@@ -142,8 +170,8 @@ def oai(srv):
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_chat_whole(srv, choice):
-    r = oai(srv).chat.completions.create(**chat_args(choice))
+def test_chat_whole(srv, model, choice):
+    r = oai(srv).chat.completions.create(**chat_args(model, choice))
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls", fail_with_log(srv, repr(r))
     assert msg.tool_calls and len(msg.tool_calls) >= 1, repr(msg)
@@ -154,10 +182,10 @@ def test_chat_whole(srv, choice):
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_chat_streamed(srv, choice):
+def test_chat_streamed(srv, model, choice):
     calls: dict[int, dict] = {}
     finish = None
-    for chunk in oai(srv).chat.completions.create(**chat_args(choice), stream=True):
+    for chunk in oai(srv).chat.completions.create(**chat_args(model, choice), stream=True):
         if not chunk.choices:
             continue
         choice0 = chunk.choices[0]
@@ -179,9 +207,9 @@ def test_chat_streamed(srv, choice):
 # ---- Anthropic Messages --------------------------------------------------------------------------
 
 
-def messages_args(choice: str) -> dict:
+def messages_args(model: str, choice: str) -> dict:
     tool_choice = {"type": "tool", "name": "get_weather"} if choice == "named" else {"type": "any"}
-    return dict(model=NAME, max_tokens=MAX_TOKENS, tools=anthropic_tools(), tool_choice=tool_choice,
+    return dict(model=model, max_tokens=MAX_TOKENS, tools=anthropic_tools(), tool_choice=tool_choice,
                 messages=[{"role": "user", "content": ASK}], extra_body={"temperature": 0})
 
 
@@ -202,14 +230,14 @@ def check_message(srv, msg, choice: str) -> None:
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_messages_whole(srv, choice):
-    check_message(srv, claude(srv).messages.create(**messages_args(choice)), choice)
+def test_messages_whole(srv, model, choice):
+    check_message(srv, claude(srv).messages.create(**messages_args(model, choice)), choice)
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_messages_streamed(srv, choice):
+def test_messages_streamed(srv, model, choice):
     pieces: dict[int, str] = {}  # a tool_use block's input, assembled from its input_json_deltas
-    with claude(srv).messages.stream(**messages_args(choice)) as stream:
+    with claude(srv).messages.stream(**messages_args(model, choice)) as stream:
         for event in stream:
             if event.type == "content_block_delta":
                 if event.delta.type == "text_delta":
@@ -226,9 +254,9 @@ def test_messages_streamed(srv, choice):
 # ---- Responses -----------------------------------------------------------------------------------
 
 
-def responses_args(choice: str) -> dict:
+def responses_args(model: str, choice: str) -> dict:
     tool_choice = {"type": "function", "name": "get_weather"} if choice == "named" else "required"
-    return dict(model=NAME, input=[{"role": "user", "content": ASK}], tools=responses_tools(),
+    return dict(model=model, input=[{"role": "user", "content": ASK}], tools=responses_tools(),
                 tool_choice=tool_choice, temperature=0, max_output_tokens=MAX_TOKENS, store=False)
 
 
@@ -245,16 +273,16 @@ def check_response(srv, response, choice: str) -> None:
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_responses_whole(srv, choice):
-    check_response(srv, oai(srv).responses.create(**responses_args(choice)), choice)
+def test_responses_whole(srv, model, choice):
+    check_response(srv, oai(srv).responses.create(**responses_args(model, choice)), choice)
 
 
 @pytest.mark.parametrize("choice", CHOICES)
-def test_responses_streamed(srv, choice):
+def test_responses_streamed(srv, model, choice):
     final = None
     done_items = []
     pieces: dict[int, str] = {}  # a function_call item's arguments, assembled from their deltas
-    for event in oai(srv).responses.create(**responses_args(choice), stream=True):
+    for event in oai(srv).responses.create(**responses_args(model, choice), stream=True):
         if event.type == "response.output_text.delta":
             clean(event.delta)
         elif event.type == "response.function_call_arguments.delta":
@@ -283,11 +311,11 @@ def ollama_calls(parts) -> list[tuple[str, dict]]:
     return calls
 
 
-def test_ollama_whole_and_streamed(srv):
+def test_ollama_whole_and_streamed(srv, model):
     """Ollama has no tool_choice: the model may answer in text (SmolLM2 free-writes, in this family's
     markers or not), and a call it makes parses to a declared tool with fitting arguments."""
     client = ollama.Client(host=srv.base)
-    args = dict(model=NAME, messages=[{"role": "user", "content": ASK}], tools=openai_tools(),
+    args = dict(model=model, messages=[{"role": "user", "content": ASK}], tools=openai_tools(),
                 options={"temperature": 0, "num_predict": MAX_TOKENS})
     whole = client.chat(**args)
     assert whole.done and whole.done_reason in ("stop", "length")
