@@ -12,7 +12,7 @@ config.json that says the same.
   the same weights as a directory whose config.json states that YaRN, and differ from the
   unscaled model's.
 * Served: --max-context 256 (four times the training window) is accepted with scaling, and a
-  greedy reply through the openai client to a ~200-token prompt equals mlx-lm's
+  greedy reply through the openai client to a ~240-token prompt equals mlx-lm's
   ``generate_step`` on the YaRN-configured directory.
 
 The tiny model takes the path SmolLM2 did (GGUF loader, rope overrides, mlx-lm's YarnRoPE) at a
