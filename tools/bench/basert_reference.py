@@ -164,13 +164,25 @@ def _llama_cpp(llm: Any, ids: list[int], ref_logits: torch.Tensor, ref_out: list
 
 
 def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
-            dtype: torch.dtype = torch.float32, llama_cpp: bool = False) -> list[PromptResult]:
+            dtype: torch.dtype = torch.float32, llama_cpp: bool = False,
+            converted: str | None = None) -> list[PromptResult]:
     """basert and transformers on ``path`` (a GGUF), every prompt, in ``dtype`` on the CPU;
-    with ``llama_cpp`` also llama.cpp (llama-cpp-python, F32 KV cache) on the same file."""
+    with ``llama_cpp`` also llama.cpp (llama-cpp-python, F32 KV cache) on the same file.
+
+    ``converted``: a directory where transformers' own conversion of ``path`` was saved
+    (``transformers_from_gguf(path).save_pretrained`` and the tokenizer's, as the tiny-LoRA
+    fixture's ``base-hf/`` is): the same reference, read from safetensors instead of converting
+    the GGUF again (which takes most of a minute on two cores)."""
     from superfluid.plugins.basert import model as basert
 
-    tokenizer = transformers_tokenizer(path)
-    ref_model = transformers_from_gguf(path, dtype)
+    if converted is None:
+        tokenizer = transformers_tokenizer(path)
+        ref_model = transformers_from_gguf(path, dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(converted)
+        ref_model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype).eval()
     model = basert.load(path, name=os.path.basename(path), device=torch.device("cpu"), dtype=dtype)
     llm = None
     if llama_cpp:
