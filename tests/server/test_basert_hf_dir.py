@@ -2,8 +2,9 @@
 files) behind the real server: the path a user takes with a downloaded checkpoint instead of a
 GGUF. The weights are tiny and random (so the text is noise), but everything around them is
 real: the directory's config picks the architecture, its safetensors are the weights, and its
-tokenizer (SmolLM2's, written by the mlx converter from the default GGUF) is the one the server
-uses, which ``/tokenize`` shows by agreeing with the GGUF's own tokenizer."""
+tokenizer (SmolLM2's, as transformers converts it from the default GGUF: the tiny-LoRA fixture's
+``base-hf/``, cached) is the one the server uses, which ``/tokenize`` shows by agreeing with the
+GGUF's own tokenizer."""
 
 from __future__ import annotations
 
@@ -48,14 +49,17 @@ BUILDERS = {"llama": _llama, "qwen3": _qwen3, "gemma3_text": _gemma3}
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory, model_path):
-    """SmolLM2's tokenizer files, as the mlx converter writes them from the default GGUF."""
-    pytest.importorskip("mlx.core")
-    from superfluid.plugins.mlx.convert import convert
+def tokenizer_dir(model_path):
+    """SmolLM2's tokenizer files as transformers converts them from the default GGUF: those of the
+    tiny-LoRA fixture's ``base-hf/`` (built once per cache, and here only if the cache lacks it),
+    instead of converting the whole model again for its three small files."""
+    from tools.fixtures import tiny_lora
 
-    out = tmp_path_factory.mktemp("smollm2_mlx")
-    convert(model_path, str(out))
-    return out
+    where = tiny_lora.paths()
+    assert str(where["base_gguf"]) == model_path
+    if not (where["base_hf"] / "config.json").exists():
+        tiny_lora._stage_dir(where["base_hf"], tiny_lora._save_base)
+    return where["base_hf"]
 
 
 def build_dir(root, tokenizer_dir, model_type: str):

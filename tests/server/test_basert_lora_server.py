@@ -23,7 +23,9 @@ PROMPTS = [
 ]
 LONG = ("<|im_start|>system\n" + " ".join(f"Rule {i}: answer politely and briefly." for i in range(30))
         + "<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
-MAX_TOKENS = 24
+# tokens a reply: each is a step of every lane on the server and of peft's generate for the
+# reference; 12 already tell the three sets apart on every prompt (test_adapters_change_the_replies)
+MAX_TOKENS = 12
 SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
 
 
