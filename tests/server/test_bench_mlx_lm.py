@@ -26,9 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    """A conversion cache of this module's own, shared by its tests (one conversion)."""
-    return tmp_path_factory.mktemp("mlx-lm-cache")
+def cache() -> Path:
+    """The superfluid cache the bench converts into (tools/suite/mlx_lm_dir.py: keyed by the GGUF's
+    path, size and time), so the conversion is done once per machine, not once per run; the
+    conversion itself is checked fresh by test_mlx.py::test_model_directory_matches_gguf."""
+    from superfluid.core.default_model import cache_dir
+
+    return cache_dir().parent  # ~/.cache/superfluid (or $SUPERFLUID_CACHE): its mlx-lm/ folder
 
 
 def _bench(args: list[str], cache: Path, **kw) -> subprocess.Popen:

@@ -4,7 +4,8 @@ mlx-lm's own rules, and real servers on a tiny written model and on SmolLM2.
 
 MLX on Linux runs the reference CPU kernels: SmolLM2 decodes at a few tokens per second here,
 so the server tests that need many tokens (preemption, worker kill, concurrency) use the tiny
-model, and SmolLM2 gets short replies."""
+model, and SmolLM2 gets short replies to short prompts, its server beside the reference run
+(each on a core of its own)."""
 
 from __future__ import annotations
 
@@ -271,8 +272,11 @@ def test_tiny_server_api_and_four_lanes(tiny_server):
 
 def test_tiny_preemption_with_parking_keeps_text(start_server, tiny_path, tiny_server):
     agents = TINY_PROMPTS[:2]
-    references = [complete(tiny_server.base, p, 300) for p in agents]
-    srv = start_server("--model", tiny_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2", "--park")
+    with cf.ThreadPoolExecutor(1) as pool:  # the parking server starts while tiny_server gives the references
+        starting = pool.submit(start_server, "--model", tiny_path, "--model-name", "tiny", "--engine", "mlx",
+                               "--max-batch", "2", "--park")
+        references = [complete(tiny_server.base, p, 300) for p in agents]
+        srv = starting.result()
     with cf.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(complete, srv.base, p, 300, "agent") for p in agents]
 
@@ -290,8 +294,11 @@ def test_tiny_preemption_with_parking_keeps_text(start_server, tiny_path, tiny_s
 
 def test_tiny_worker_kill_loses_nothing(tiny_server):
     srv = tiny_server
-    n = 1200  # the tiny model decodes fast: long replies keep the streams running at the kill
-    reference = [stream_text(srv.base, p, n) for p in TINY_PROMPTS]
+    # The kill comes as soon as every stream has 50 tokens: 250 more keep them running through it
+    # (the tiny model decodes a few hundred tokens a second here, the kill follows within a poll).
+    n = 300
+    with cf.ThreadPoolExecutor(4) as pool:  # the same four streams at once, unkilled
+        reference = list(pool.map(lambda p: stream_text(srv.base, p, n), TINY_PROMPTS))
     pid = srv.get_json("/health")["models"]["tiny"]["worker_pid"]
     with cf.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream_text, srv.base, p, n) for p in TINY_PROMPTS]
@@ -309,45 +316,59 @@ def test_tiny_worker_kill_loses_nothing(tiny_server):
 
 # ---- SmolLM2 ------------------------------------------------------------------------------------
 
-SMOL_PROMPTS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
-SMOL_TOKENS = 16
+def _chatml(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+# The first through SmolLM2's chat format (its reply names Paris); the others plain, as a chat
+# template would triple what SmolLM2 prefills at a few tokens a second on MLX's CPU kernels
+SMOL_QUESTION = "What is the capital of France?"
+SMOL_PROMPTS = [_chatml(SMOL_QUESTION), "Name three colors.", "Write a haiku about the sea."]
+SMOL_TOKENS = 6  # "The capital of France is Paris": Paris is the 6th token
 
 
 def test_smollm2_on_mlx_agrees_with_mlx_lm_generate(start_server, model_path):
     """Greedy replies through the server equal mlx-lm's own generation loop (``generate_step``,
-    which ``mlx_lm.generate`` drives) on the same GGUF-built model, prompt by prompt."""
+    which ``mlx_lm.generate`` drives) on the same GGUF-built model, prompt by prompt. The server
+    runs in a thread beside this process's reference run (each one core of MLX's CPU kernels)."""
     openai = pytest.importorskip("openai")
     from mlx_lm.generate import generate_step
 
-    srv = start_server("--engine", "mlx", "--max-batch", "4")
-    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=180, max_retries=0)
-    served = []
-    for q in SMOL_PROMPTS:
-        r = client.completions.create(model="smollm2", prompt=_chatml(q), max_tokens=SMOL_TOKENS, temperature=0,
-                                      extra_body={"ignore_eos": True})
-        served.append(r.choices[0].text)
-    stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": SMOL_PROMPTS[0]}],
-                                            max_tokens=8, temperature=0, stream=True)
-    assert "Paris" in "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    srv.stop()  # free the cores for the reference run
+    def serve():
+        srv = start_server("--engine", "mlx", "--max-batch", "4")
+        try:
+            client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=180, max_retries=0)
+            served = []
+            for q in SMOL_PROMPTS:
+                r = client.completions.create(model="smollm2", prompt=q, max_tokens=SMOL_TOKENS,
+                                              temperature=0, extra_body={"ignore_eos": True})
+                served.append(r.choices[0].text)
+            stream = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": SMOL_QUESTION}], max_tokens=SMOL_TOKENS,
+                temperature=0, stream=True)
+            return served, "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        finally:
+            srv.stop()
 
     vocab = GGUFVocab(model_path, "smollm2")
-    model = loader.load(model_path)
-    own = []
-    for q in SMOL_PROMPTS:
-        prompt = mx.array(vocab.tokenize(_chatml(q), True, True))
-        toks = [int(t) for t, _ in zip((tok for tok, _ in generate_step(prompt, model, max_tokens=SMOL_TOKENS)),
-                                       range(SMOL_TOKENS))]
-        own.append(b"".join(vocab.token_bytes(t) for t in toks).decode("utf-8", errors="replace"))
-    vocab.close()
+    try:
+        with cf.ThreadPoolExecutor(1) as ex:
+            future = ex.submit(serve)
+            model = loader.load(model_path)
+            own = []
+            for q in SMOL_PROMPTS:
+                prompt = mx.array(vocab.tokenize(q, True, True))
+                toks = [int(t) for t, _ in zip((tok for tok, _ in generate_step(prompt, model, max_tokens=SMOL_TOKENS)),
+                                               range(SMOL_TOKENS))]
+                own.append(b"".join(vocab.token_bytes(t) for t in toks).decode("utf-8", errors="replace"))
+            served, streamed = future.result()
+    finally:
+        vocab.close()
+    assert "Paris" in streamed
     matches = sum(a == b for a, b in zip(served, own))
     print(f"MLX agreement: {matches} of {len(own)} replies identical to mlx-lm's generate_step")
     assert "Paris" in served[0]
     assert matches == len(own), list(zip(served, own))
-
-
-def _chatml(question: str) -> str:
-    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_mlx_engine_registered_by_entry_point():

@@ -7,7 +7,11 @@
   narrower cells (from the GGUF's shape: 2 bytes an element, or bits/8 plus a scale and a bias
   of 2 bytes per 64); greedy replies, alone and with 3 concurrent requests, equal mlx-lm's own
   ``generate_step`` run with a prompt cache of ``QuantizedKVCache`` at the same width; at 4 bits
-  they are not full width's (so the width really reached the cache).
+  they are not full width's (so the width really reached the cache). SmolLM2 runs a few tokens a
+  second on MLX's CPU kernels, one core a process: the prompts are plain (no chat template) and
+  the replies 4 tokens (4-bit KV already changes the haiku's first token), the three servers run
+  at once while this process computes the references, and full width's replies are computed only
+  until one differs.
 * Parking and the host tier on a served tiny 64-head model at 8 / 4 bits: a preempted lane's
   text equals its unpreempted reply, and a prefix evicted to host memory comes back from there
   to the same reply.
@@ -31,10 +35,12 @@ from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
-from .test_mlx import TINY_PROMPTS, _chatml, _generate, complete, metric, wait_for  # noqa: E402
+from .test_mlx import TINY_PROMPTS, _generate, complete, metric, wait_for  # noqa: E402
 
-QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
-TOKENS = 12
+# Plain prompts (a chat template would triple what SmolLM2 prefills); the haiku first: its 4-bit
+# reply differs from full width's at the first token
+QUESTIONS = ["Write a haiku about the sea.", "Name three colors.", "The capital of France is"]
+TOKENS = 4
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +134,7 @@ def served_replies(srv) -> tuple[list[str], list[str]]:
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=300, max_retries=0)
 
     def ask(q: str) -> str:
-        r = client.completions.create(model="smollm2", prompt=_chatml(q), max_tokens=TOKENS, temperature=0,
+        r = client.completions.create(model="smollm2", prompt=q, max_tokens=TOKENS, temperature=0,
                                       extra_body={"ignore_eos": True})
         return r.choices[0].text
 
@@ -138,13 +144,13 @@ def served_replies(srv) -> tuple[list[str], list[str]]:
     return alone, together
 
 
-def mlx_lm_replies(model, vocab, bits: int) -> list[str]:
+def mlx_lm_replies(model, vocab, bits: int, questions=QUESTIONS) -> list[str]:
     """mlx-lm's generate_step, its caches quantized to ``bits`` from the first token (0: its own)."""
     from mlx_lm.generate import generate_step
 
     out = []
-    for q in QUESTIONS:
-        prompt = mx.array(vocab.tokenize(_chatml(q), True, True))
+    for q in questions:
+        prompt = mx.array(vocab.tokenize(q, True, True))
         cache = [kv_cells.new_cache(bits) for _ in model.layers] if bits else None
         steps = generate_step(prompt, model, max_tokens=TOKENS, prompt_cache=cache)
         toks = [int(t) for (t, _), _ in zip(steps, range(TOKENS))]
@@ -153,18 +159,26 @@ def mlx_lm_replies(model, vocab, bits: int) -> list[str]:
 
 
 def test_smollm2_pool_and_replies_at_16_8_4(start_server, model_path):
-    health, served = {}, {}
-    for bits in (0, 8, 4):
+    def serve(bits: int):
+        """/health, and at 8 / 4 bits the served replies; each server stops when done."""
         srv = start_server("--engine", "mlx", "--max-batch", "4", "--kv-bits", str(bits))
-        h = srv.get_json("/health")["models"]["smollm2"]
-        health[bits] = h
-        if bits:
-            served[bits] = served_replies(srv)
-        srv.stop()  # free the cores for the next server and the references
+        try:
+            return srv.get_json("/health")["models"]["smollm2"], served_replies(srv) if bits else None
+        finally:
+            srv.stop()
+
     vocab = GGUFVocab(model_path, "smollm2")
     try:
-        model = loader.load(model_path)
-        element = cache_element(model)
+        # the servers (one core each while they decode) run beside this process's references
+        with cf.ThreadPoolExecutor(3) as ex:
+            futures = {bits: ex.submit(serve, bits) for bits in (0, 8, 4)}
+            model = loader.load(model_path)
+            element = cache_element(model)
+            own = {bits: mlx_lm_replies(model, vocab, bits) for bits in (8, 4)}
+            full = {0: mlx_lm_replies(model, vocab, 0, QUESTIONS[:1])[0]}  # the rest only if needed
+            results = {bits: f.result() for bits, f in futures.items()}
+        health = {bits: h for bits, (h, _) in results.items()}
+        served = {bits: r for bits, (_, r) in results.items() if bits}
         for bits, h in health.items():
             per_cell = expected_bytes_per_cell(model_path, bits, element)
             assert h["bytes_per_cell"] == h["kv_pool"]["bytes_per_cell"] == per_cell, bits
@@ -173,14 +187,19 @@ def test_smollm2_pool_and_replies_at_16_8_4(start_server, model_path):
         assert health[0]["n_ctx"] == health[8]["n_ctx"] == health[4]["n_ctx"]
         print("MLX SmolLM2 bytes per cell at full width / 8 / 4 bits:",
               [health[b]["bytes_per_cell"] for b in (0, 8, 4)], "kv_bytes:", [health[b]["kv_bytes"] for b in (0, 8, 4)])
-        full = mlx_lm_replies(model, vocab, 0)
         for bits in (8, 4):
-            own = mlx_lm_replies(model, vocab, bits)
             alone, together = served[bits]
-            print(f"{bits}-bit: {sum(a == b for a, b in zip(alone, own))} of {len(own)} replies equal mlx-lm's")
-            assert alone == own, list(zip(alone, own))
-            assert together == own
-        assert served[4][0] != full  # 4-bit KV changes some reply: the width reached the cache
+            same = sum(a == b for a, b in zip(alone, own[bits]))
+            print(f"{bits}-bit: {same} of {len(own[bits])} replies equal mlx-lm's")
+            assert alone == own[bits], list(zip(alone, own[bits]))
+            assert together == own[bits]
+
+        def full_reply(i: int) -> str:
+            if i not in full:
+                full[i] = mlx_lm_replies(model, vocab, 0, QUESTIONS[i:i + 1])[0]
+            return full[i]
+        # 4-bit KV changes some reply: the width reached the cache (full width's replies as needed)
+        assert any(got != full_reply(i) for i, got in enumerate(served[4][0]))
     finally:
         vocab.close()
 
@@ -193,10 +212,24 @@ def conversation(name: str) -> str:
     return f"{name} here. {notes}\nSummarize."
 
 
+@pytest.fixture(scope="module")
+def parking_servers(start_server, wide_path):
+    """{bits: a tiny 64-head server with --park at that width}: both start at once (a core each),
+    and stop at once after the module's tests."""
+    def start(bits: int):
+        return start_server("--model", wide_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2",
+                            "--park", "--kv-bits", str(bits))
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        servers = dict(zip((8, 4), ex.map(start, (8, 4))))
+    yield servers
+    with cf.ThreadPoolExecutor(2) as ex:
+        list(ex.map(lambda srv: srv.stop(), servers.values()))
+
+
 @pytest.mark.parametrize("bits", [8, 4])
-def test_parking_and_host_tier_under_kv_bits(start_server, wide_path, bits):
-    srv = start_server("--model", wide_path, "--model-name", "tiny", "--engine", "mlx", "--max-batch", "2",
-                       "--park", "--kv-bits", str(bits))
+def test_parking_and_host_tier_under_kv_bits(parking_servers, bits):
+    srv = parking_servers[bits]
     health = srv.get_json("/health")["models"]["tiny"]
     assert health["kv_pool"]["shape"]["kv_bits"] == bits
     # the host tier: five conversations through four buffers push the first out to host memory

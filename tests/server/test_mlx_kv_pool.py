@@ -6,6 +6,8 @@ server reports the pool on /health and /metrics."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+
 import pytest
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'superfluid[mlx]')")
@@ -24,11 +26,29 @@ from .test_mlx import GREEDY, _generate  # noqa: E402
 NAME = "smollm2"
 
 
+GEMMA3_CACHE = "tiny-gemma3-text-v1"  # the recipe: kv_models.GEMMA3 with SmolLM2's tokenizer
+
+
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory, model_path):
-    tok = smollm2_tokenizer(tmp_path_factory.mktemp("tok"), model_path)
-    path, config = tiny_gemma3_dir(tmp_path_factory.mktemp("gemma3"), tok)
-    return str(path), config
+def gemma3(model_path):
+    """The Gemma-3-shaped directory and its config, built once per cache (torch's seeded random
+    weights and the tokenizer read from the GGUF take seconds; the directory never changes)."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tools.fixtures.vlm_build import build, cache_root
+
+    def save(stage: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            tok = smollm2_tokenizer(Path(tmp) / "tok", model_path)
+            built, _ = tiny_gemma3_dir(Path(tmp), tok)
+            for f in built.iterdir():
+                shutil.move(str(f), str(stage / f.name))
+
+    path = build(cache_root(GEMMA3_CACHE), save, gguf=False)["hf"]
+    return str(path), json.loads((path / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +107,11 @@ def test_batched_decode_past_the_window_equals_each_lane_alone(model):
 
 def test_server_reports_the_pool(start_server, gemma3):
     path, config = gemma3
-    srv = start_server("--engine", "mlx", "--max-batch", "2", "--max-context", "128", model=path)
+    with cf.ThreadPoolExecutor(1) as ex:  # the capped server starts beside the first
+        capping = ex.submit(start_server, "--engine", "mlx", "--max-batch", "2", "--max-context", "128",
+                            "--kv-pool-cells", "200", model=path)
+        srv = start_server("--engine", "mlx", "--max-batch", "2", "--max-context", "128", model=path)
+        capped = capping.result()
     h = srv.get_json("/health")["models"][NAME]
     p = h["kv_pool"]
     assert p["shared"] and p["sequences"] == 4 and p["cells"] == h["n_ctx"] == 256 and p["cap"] == "lanes"
@@ -96,7 +120,7 @@ def test_server_reports_the_pool(start_server, gemma3):
     status, body = srv.call("POST", "/v1/completions", {"model": NAME, "prompt": "the water", "max_tokens": 4,
                                                         "temperature": 0})
     assert status == 200 and body["usage"]["completion_tokens"] >= 1
-    capped = start_server("--engine", "mlx", "--max-batch", "2", "--max-context", "128", "--kv-pool-cells", "200",
-                          model=path)
     p = capped.get_json("/health")["models"][NAME]["kv_pool"]
     assert p["cells"] == 200 and p["cap"] == "pool-cells"
+    with cf.ThreadPoolExecutor(2) as ex:  # both stop at once (else the module's end stops them one by one)
+        list(ex.map(lambda s: s.stop(), (srv, capped)))

@@ -2,7 +2,10 @@
 with the fixture's two adapter GGUFs (tools/fixtures/tiny_lora.py) as ``smollm2:a`` and
 ``smollm2:b`` beside the base model. Concurrent requests under the three sets take turns by
 tick (one set a tick on MLX); each greedy reply equals mlx-lm's own ``LoRALinear`` holding the
-same matrices, alone (tests/server/test_mlx_lora.py's reference)."""
+same matrices, alone (tests/server/test_mlx_lora.py's reference, computed once a run: the first
+prompt's are the ones that module checks). Two prompts a set, so two lanes of one set share its
+ticks; the second is short, as SmolLM2 prefills a few tokens a second on MLX's CPU kernels. The
+server starts (in a thread) while the references are computed: each takes a core of its own."""
 
 from __future__ import annotations
 
@@ -18,18 +21,25 @@ from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
 from . import test_mlx_lora  # noqa: E402
 
-PROMPTS = ["The quick brown fox", "Once upon a time, in a small village by the sea,"]
+PROMPTS = ["The quick brown fox", "Once upon a time"]
 SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
 
 
 @pytest.fixture(scope="module")
-def srv(start_server, tiny_lora):
-    return start_server("--engine", "mlx", "--max-batch", "6", "--lora", f"a={tiny_lora['a_gguf']}",
-                        "--lora", f"b={tiny_lora['b_gguf']}")
+def served(start_server, tiny_lora):
+    """(the server, the references): the server starts in a thread while this one computes the
+    references, each on a core of its own."""
+    with cf.ThreadPoolExecutor(1) as pool:
+        srv = pool.submit(start_server, "--engine", "mlx", "--max-batch", "6", "--lora", f"a={tiny_lora['a_gguf']}",
+                          "--lora", f"b={tiny_lora['b_gguf']}")
+        try:
+            ref = references(tiny_lora)
+        finally:
+            started = srv.result()  # a failed start raises here; a started one stops with the module
+    return started, ref
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_lora):
+def references(tiny_lora) -> dict[str, dict[str, str]]:
     """{model name: {prompt: text}}: test_mlx_lora's mlx-lm LoRALinear greedy tokens, decoded."""
     path = str(tiny_lora["base_gguf"])
     vocab = GGUFVocab(path, "smollm2")
@@ -39,14 +49,16 @@ def reference(tiny_lora):
             out[name] = {}
             for p in PROMPTS:
                 ids = vocab.tokenize(p, add_special=False, parse_special=True)
-                tokens = test_mlx_lora.mlx_lm_reference(path, str(tiny_lora[f"{adapter}_gguf"]) if adapter else None, ids)
+                lora = str(tiny_lora[f"{adapter}_gguf"]) if adapter else None
+                tokens = test_mlx_lora.mlx_lm_reference(path, lora, ids)
                 out[name][p] = b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")
         return out
     finally:
         vocab.close()
 
 
-def test_concurrent_requests_under_three_sets_match_each_reference(srv, reference):
+def test_concurrent_requests_under_three_sets_match_each_reference(served):
+    srv, reference = served
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", timeout=600, max_retries=0)
     jobs = [(m, p) for m in SETS for p in PROMPTS]
 
