@@ -53,13 +53,18 @@ def reference(fixture, template):
     model = Qwen3ForCausalLM.from_pretrained(str(fixture["hf"]), torch_dtype=torch.float32).eval()
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
 
+    scores: dict[tuple[str, str], float] = {}  # a pair's score is its own: computed once a module
+
     def score(query: str, documents: list[str]) -> list[float]:
         out = []
         for doc in documents:
-            ids = tok(template.replace("{query}", query).replace("{document}", doc), add_special_tokens=False)["input_ids"]
-            with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0, -1]
-            out.append(torch.softmax(torch.stack([logits[yes], logits[no]]), 0)[0].item())
+            if (query, doc) not in scores:
+                ids = tok(template.replace("{query}", query).replace("{document}", doc),
+                          add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    logits = model(torch.tensor([ids])).logits[0, -1]
+                scores[query, doc] = torch.softmax(torch.stack([logits[yes], logits[no]]), 0)[0].item()
+            out.append(scores[query, doc])
         return out
 
     return score
