@@ -27,8 +27,10 @@ def post(server, path, body):
     return out, time.monotonic() - t0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cache_server(start_server):
+    """One server for the two tests below: each measures its own metric deltas and reads only
+    the caches its own requests leave (the second turn runs first, on an empty cache)."""
     return start_server("--max-batch", "4")
 
 
