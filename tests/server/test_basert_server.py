@@ -26,8 +26,8 @@ AGENT_PROMPTS = [
 # tokens an agent (and its reference) decodes: enough that both agents are still decoding when
 # the interactive request preempts one
 AGENT_TOKENS = 32
-# tokens a reply to the repeating prompt decodes: its seeded reply repeats itself (and so has
-# prompt lookup's drafts) only past its first 32 tokens (measured: no draft in 32)
+# tokens a reply to the repeating prompt decodes: kept at 64, the speculation test's drafting
+# workload unchanged (its seeded reply must draft, and a shorter one may not repeat itself)
 SPEC_TOKENS = 64
 # a prompt that repeats itself, so prompt lookup has drafts to offer
 REPEATING = ("<|im_start|>user\nCopy this list exactly, twice: apples, pears, plums, figs, dates, limes, "
