@@ -5,7 +5,8 @@ Claude-Code-shaped body, and the billing-header block that must not defeat the p
 With them, on the same server: model aliases (served by their model at their class on every
 API, listed with the context window) and /metrics' per-route counts.
 
-One server for the module (a key policy with one key, /metrics open), short replies."""
+One server for the module (a key policy with one key capped at 64 reply tokens, /metrics open),
+short replies."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from superfluid.plugins.http.keys.policy import hash_secret
 anthropic = pytest.importorskip("anthropic")
 
 KEY = "sk-claude-test"
-POLICY = f'[keys.claude]\nsha256 = "{hash_secret(KEY)}"\n'
+# The key's reply cap stands for a deployment's: Claude Code asks 32000 tokens of any model, and
+# without a cap a 2048-token test context would be filled by each such request (minutes on 2 cores).
+POLICY = f'[keys.claude]\nsha256 = "{hash_secret(KEY)}"\nmax-tokens = 64\n'
 WEATHER = {"name": "get_weather", "description": "Get the weather for a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
                             "required": ["city"], "additionalProperties": False}}
