@@ -66,19 +66,21 @@ TOPICS = ["rivers", "volcanoes", "lighthouses", "glaciers", "bridges", "librarie
 
 
 def test_small_pool_holds_fewer_lanes_and_every_request_completes(start_server):
-    """16 lanes against a pool of 2048 cells (one context's worth, 16 × ~150 tokens needed): the
-    plans it cannot hold are refused and replanned (cached prefixes evicted, the newest lanes
-    requeued); every request completes, none fails or resets mid-stream.
+    """16 lanes against a pool of 1024 cells (one context's worth; 16 × ~135 tokens needed, about
+    twice the pool, with 16 generated tokens a lane: a pool of 2048 and 32 tokens a lane took
+    twice the decoding for the same refusals): the plans it cannot hold are refused and
+    replanned (cached prefixes evicted, the newest lanes requeued); every request completes,
+    none fails or resets mid-stream.
 
     Its text at temperature 0 is not always byte-identical to the request's text alone: in one
     pool a sequence's cells lie among other sequences' cells, so llama.cpp's attention sums
     them in another order (float rounding), and a near-tie can flip. Measured here, not asserted."""
-    srv = start_server("--max-batch", "16", "--kv-unified", "--kv-pool-cells", "2048")
-    assert '"n_ctx": 2048' in json.dumps(srv.get_json("/health"))
+    srv = start_server("--max-batch", "16", "--kv-unified", "--max-context", "1024", "--kv-pool-cells", "1024")
+    assert '"n_ctx": 1024' in json.dumps(srv.get_json("/health"))
     bodies = [{"prompt": f"<|im_start|>user\nTopic {i}: {topic}. " + " ".join(
                    f"Fact {j} about {topic}: it differs from place to place." for j in range(6))
                + f"\nWrite a short paragraph about {topic}.<|im_end|>\n<|im_start|>assistant\n",
-               "max_tokens": 32, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+               "max_tokens": 16, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
               for i, topic in enumerate(TOPICS)]
     alone = [stream(srv, b) for b in bodies]
     assert all(a["finish"] == "length" and not a["errors"] for a in alone)
@@ -91,5 +93,5 @@ def test_small_pool_holds_fewer_lanes_and_every_request_completes(start_server):
     assert rejections >= 1  # the pool really was too small for all lanes at once
     for i, t in enumerate(together):
         assert not t["errors"], (i, t["errors"])
-        assert t["finish"] == "length", (i, t)  # all 32 tokens: nothing cut, nothing reset
+        assert t["finish"] == "length", (i, t)  # all 16 tokens: nothing cut, nothing reset
     assert metric(srv, "superfluid_requests_total") >= 32
