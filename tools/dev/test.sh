@@ -16,8 +16,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 start=$(date +%s)
 bash tools/dev/setup.sh
 setup_done=$(date +%s)
-costs=$(mktemp -d)
-trap 'rm -rf "$costs"' EXIT
+# each test's phases and kind, kept after the run (git-ignored): python -m tools.dev.suite_costs
+# --top 30 test-artifacts/suite-costs/*.json lists more than the 15 printed below
+costs=test-artifacts/suite-costs
+rm -rf "$costs" && mkdir -p "$costs"
 pytest=(.venv/bin/python -m pytest -p tools.dev.suite_costs --costs-top 0)
 named_path=0
 for arg in "$@"; do
