@@ -37,11 +37,8 @@ import torch
 
 from superfluid.core.errors import ConfigError
 
-from .rope_scaling import BETA_FAST, BETA_SLOW, RopeScaling, mscale  # noqa: F401  (re-exported)
+from .rope_scaling import BETA_FAST, BETA_SLOW, RopeScaling, mscale
 from .shape import ModelShape
-
-
-
 
 
 def correction_range(scaling: RopeScaling, dim: int, base: float, original: int) -> tuple[float, float]:
@@ -74,8 +71,6 @@ def attention_factor(scaling: RopeScaling | None) -> float:
     if scaling.attention is not None:
         return scaling.attention
     return scaling.attn_factor * (mscale(scaling.factor) if scaling.ext_factor else 1.0)
-
-
 
 
 def with_options(shape: ModelShape, core: Any, name: str) -> ModelShape:

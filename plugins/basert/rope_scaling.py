@@ -14,6 +14,7 @@ from superfluid.core.errors import ConfigError
 
 BETA_FAST, BETA_SLOW = 32.0, 1.0  # YaRN's defaults (the paper's, transformers' and llama.cpp's)
 
+
 @attrs.define(frozen=True)
 class RopeScaling:
     """A context-extension rule applied to the global layers' RoPE frequencies.
@@ -28,8 +29,8 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
     # "yarn" (and the extrapolation mix of either kind): rope.py's terms, llama.cpp's defaults
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
+    beta_fast: float = BETA_FAST
+    beta_slow: float = BETA_SLOW
     ext_factor: float = 0.0           # 1.0 under yarn; 0.0: plain interpolation
     attn_factor: float = 1.0          # multiplies YaRN's mscale
     attention: float | None = None    # a config's own attention_factor: the whole cos/sin factor
