@@ -18,17 +18,18 @@ from pathlib import Path
 CHECKS = {"raises", "warns", "deprecated_call"}
 
 
-def count(source: str) -> int:
-    """The asserts and pytest.raises/warns checks in one module's source."""
-    n = 0
+def count(source: str) -> tuple[int, int]:
+    """(asserts and pytest.raises/warns checks, test functions) in one module's source."""
+    checks = tests = 0
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Assert):
-            n += 1
+            checks += 1
         elif isinstance(node, ast.Call):
             func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            n += name in CHECKS
-    return n
+            checks += (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in CHECKS
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            tests += node.name.startswith("test_")
+    return checks, tests
 
 
 def test_sources(rev: str | None, root: Path) -> dict[str, str]:
@@ -47,9 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
     sources = test_sources(args.rev, root)
-    total = sum(count(s) for s in sources.values())
-    tests = sum(s.count("\ndef test_") + s.count("\n    def test_") + s.startswith("def test_")
-                for s in sources.values())
+    counts = [count(s) for s in sources.values()]
+    total, tests = sum(c for c, _ in counts), sum(t for _, t in counts)
     print(f"{args.rev or 'working tree'}: {total} assertions in {tests} test functions, {len(sources)} files")
 
 
