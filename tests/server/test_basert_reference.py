@@ -1,6 +1,8 @@
 """basert on the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers
 reading the same file: fp32 logits within 1e-3 on 16 prompts, and 24 greedy tokens identical
-(basert decoding one token at a time through DenseAttention). A divergence is reported with the
+(basert decoding one token at a time through DenseAttention; transformers scoring the prompt and
+basert's tokens in one forward, so each step is checked against the reference's logits after the
+same tokens, which is its greedy decode wherever basert agrees). A divergence is reported with the
 reference's logit margin at that step, so a rounding tie is told apart from a real error.
 Gemma 3 270M is checked the same way when its GGUF is in the cache (it is never downloaded).
 
@@ -28,9 +30,10 @@ from tools.bench.basert_reference import PROMPTS, compare
 pytestmark = pytest.mark.slow
 
 LOGIT_TOL = 1e-3
-# greedy tokens a prompt: each step is a full forward in both engines, one token at a time, so
-# the decode is most of this test's time; 24 steps on 16 prompts still walk every decode path
-# (the tool's default, 64, is the long variant)
+# greedy tokens a prompt: each step is a forward in basert, one token at a time (transformers
+# scores them all in one forward: compare(score=True)), so the decode is most of this test's
+# time; 24 steps on 16 prompts still walk every decode path (the tool's default, 64, is the long
+# variant, with transformers decoding its own tokens)
 STEPS = 24
 LONG_STEPS = 64  # the opt-in Gemma run (never in CI) keeps the long variant
 
@@ -74,7 +77,7 @@ def converted(model_path) -> str:
 
 
 def test_default_model_matches_transformers(model_path, converted, _threads):
-    _check(compare(model_path, steps=STEPS, converted=converted))
+    _check(compare(model_path, steps=STEPS, converted=converted, score=True))
 
 
 def _gemma3_270m() -> str | None:

@@ -142,6 +142,56 @@ def compare_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, promp
     return result
 
 
+@torch.no_grad()
+def score_prompt(ref_model: Any, model: Any, ids: list[int], steps: int, prompt: str = "",
+                 llm: Any = None) -> PromptResult:
+    """``compare_prompt``'s result with transformers scoring basert's tokens instead of decoding
+    its own: basert decodes ``steps`` greedy tokens one at a time as there, then transformers
+    runs the prompt and those tokens in one forward, so each step's logits are compared with the
+    reference's at the same position after the same tokens. Where basert takes the reference's
+    argmax at every step, that is the reference's own greedy decode; from a divergence on, the
+    reference decodes the rest itself through its KV cache. Same checks, up to transformers'
+    full-forward-vs-cached rounding (about 1e-6), for one reference forward instead of ``steps``."""
+    from transformers import DynamicCache
+
+    from superfluid.plugins.basert.dense_attention import DenseAttention
+
+    n = len(ids)
+    attn = DenseAttention(model.shape, 1, n + steps + 1, "cpu", model.dtype)
+    attn.begin([(0, 0, n)])
+    logits = model.logits(model(torch.tensor(ids), torch.arange(n), attn))
+    rows, out = [logits[-1]], [int(logits[-1].argmax())]
+    for step in range(1, steps):
+        pos = n + step - 1
+        attn.begin([(0, pos, 1)])
+        rows.append(model.logits(model(torch.tensor([out[-1]]), torch.tensor([pos]), attn))[0])
+        out.append(int(rows[-1].argmax()))
+    ref_logits = ref_model(torch.tensor([ids + out[:-1]])).logits[0].float()
+    prompt_diff = float((logits - ref_logits[:n]).abs().max())
+
+    decode_diff, margin, ref_out = 0.0, None, []
+    for step in range(steps):
+        ref_last = ref_logits[n - 1 + step]
+        decode_diff = max(decode_diff, float((rows[step] - ref_last).abs().max()))
+        ref_out.append(int(ref_last.argmax()))
+        if out[step] != ref_out[-1]:
+            margin = _margin(ref_last)
+            break
+    agree = len(ref_out) if margin is None else len(ref_out) - 1
+    if len(ref_out) < steps:  # diverged: the reference's own tokens from there on
+        cache = DynamicCache(config=ref_model.config)
+        last = ref_model(torch.tensor([ids + ref_out]), cache=cache, use_cache=True).logits[0, -1]
+        while len(ref_out) < steps:
+            ref_out.append(int(last.argmax()))
+            last = ref_model(torch.tensor([[ref_out[-1]]]), cache=cache, use_cache=True,
+                             position_ids=torch.tensor([[n + len(ref_out) - 1]])).logits[0, -1]
+    result = PromptResult(prompt, n, prompt_diff, decode_diff, agree, steps, margin, ref_out,
+                          out[:agree + (margin is not None)])
+    if llm is not None:
+        result.llama_cpp_prompt_diff, result.llama_cpp_agree = _llama_cpp(llm, ids, ref_logits[:n], ref_out)
+    return result
+
+
 def _llama_cpp(llm: Any, ids: list[int], ref_logits: torch.Tensor, ref_out: list[int]) -> tuple[float, int]:
     """llama.cpp's prompt logits against the reference's, and how many reference tokens its own
     greedy decode reproduces before the first difference."""
@@ -165,14 +215,17 @@ def _llama_cpp(llm: Any, ids: list[int], ref_logits: torch.Tensor, ref_out: list
 
 def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
             dtype: torch.dtype = torch.float32, llama_cpp: bool = False,
-            converted: str | None = None) -> list[PromptResult]:
+            converted: str | None = None, score: bool = False) -> list[PromptResult]:
     """basert and transformers on ``path`` (a GGUF), every prompt, in ``dtype`` on the CPU;
     with ``llama_cpp`` also llama.cpp (llama-cpp-python, F32 KV cache) on the same file.
 
     ``converted``: a directory where transformers' own conversion of ``path`` was saved
     (``transformers_from_gguf(path).save_pretrained`` and the tokenizer's, as the tiny-LoRA
     fixture's ``base-hf/`` is): the same reference, read from safetensors instead of converting
-    the GGUF again (which takes most of a minute on two cores)."""
+    the GGUF again (which takes most of a minute on two cores).
+
+    ``score``: transformers scores basert's greedy tokens in one forward (``score_prompt``)
+    instead of decoding its own one at a time; the same checks for about half the work."""
     from superfluid.plugins.basert import model as basert
 
     if converted is None:
@@ -192,7 +245,7 @@ def compare(path: str, prompts: tuple[str, ...] = PROMPTS, steps: int = 64,
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        results.append(compare_prompt(ref_model, model, ids, steps, prompt, llm))
+        results.append((score_prompt if score else compare_prompt)(ref_model, model, ids, steps, prompt, llm))
     if llm is not None:
         llm.close()
     return results
