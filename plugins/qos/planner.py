@@ -62,6 +62,19 @@ def step_tokens(costs, capabilities) -> int:
     return max(MIN_STEP, (fit // 32) * 32)
 
 
+def stream_step(costs, capabilities, settings, budget: int, step: int) -> int:
+    """Prefill tokens a tick may hold while a client reads a stream: what the busy tick target
+    prefills, in one engine step (at least one token). A stream sees nothing between two tick
+    ends, so a 512-token step (about 2 s of SmolLM2 on 2 CPU cores) or MLX's 128-token floor (about
+    13 s on its CPU kernels, 0.1 s a prompt token) would be that long a gap in every stream while a
+    newcomer prefills; held to the target, each gap is one target's prefill and one decode round.
+    The newcomer's prompt then takes more, smaller steps: its first token comes later, the streams
+    flow."""
+    per_token = max(costs.prefill_per_token(), 1e-7)
+    fit = int(tick_target_s(capabilities, settings, admitting=False) / per_token)
+    return max(1, min(budget, step, fit))
+
+
 def is_quiet(decoding: list[Lane], prefilling: list[Lane], queue: list[Lane], capabilities) -> bool:
     """Whether no one needs this tick to end soon: nothing queued or prefilling, and every decoding
     lane's reply is sent whole with no stop strings to look for, so its client reads nothing
@@ -116,12 +129,15 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     target = tick_target_s(capabilities, settings, admitting and not quiet)
 
     plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities), quiet=quiet)
+    streams = any(l.request.streamed for l in decoding)  # a client reads tokens as each tick ends
     budget = prefill_budget(costs, capabilities, settings, admitting)
     if decoding and capabilities.uniform_decode_rounds:
         # Tokens reach clients only when a tick ends. Where cutting ticks short costs nothing
-        # (llama.cpp, MLX), keep them near the target while lanes stream: one step at least.
+        # (llama.cpp, MLX), keep them near the target while lanes decode: one step at least.
         streaming = max(plan.step_tokens, int(target / max(costs.prefill_per_token(), 1e-7)))
         budget = min(budget, streaming)
+        if streams:
+            budget = plan.step_tokens = stream_step(costs, capabilities, settings, budget, plan.step_tokens)
     plan.prefill_budget = budget
     left = budget
     chunks: list[tuple[Lane, int]] = []
@@ -145,7 +161,11 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     steps += max(replays, default=0)  # replayed tokens take a step each
     # Rounds that fill the target most nearly (truncating would halve a tick whose round costs
     # a little over half the target, doubling the ticks and their overhead).
-    rounds = max(1, round(target / max(costs.decode_round(max(len(decoding), 1)), 1e-6)))
+    decode_round = max(costs.decode_round(max(len(decoding), 1)), 1e-6)
+    rounds = max(1, round(target / decode_round))
+    if streams and prefill_total and capabilities.uniform_decode_rounds:
+        # the prefill already fills the tick: rounds on top of it would lengthen every stream's gap
+        rounds = max(1, round((target - prefill_total * costs.prefill_per_token()) / decode_round))
     first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
     if first_due:
         # A first token is due: the tick ends right after it so it reaches the client now.

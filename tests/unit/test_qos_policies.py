@@ -849,6 +849,31 @@ def test_streaming_lanes_keep_uniform_engine_ticks_near_the_target():
     assert p.prefill_budget == 4096
 
 
+def test_streamed_lanes_hold_a_newcomers_prefill_to_the_busy_target_in_one_small_step():
+    """While a client reads a stream, a tick prefills what the busy target holds, in one engine
+    step (not a 512-token step: about 2 s of SmolLM2 on 2 cores, a 2 s gap in every stream),
+    at least one token; without a stream the engine's own step stands."""
+    rate = 0.004                                                  # 4 ms a prompt token
+    costs = measured(prefill=rate, decode={4: 1 / 64})
+    streams = [_watched(decoding("interactive"), streamed=True) for _ in range(4)]
+    newcomer = prefilling("agent", prompt=2000)
+    p = plan([newcomer] + streams, costs, prefill_budget=4096)
+    fit = int(BUSY_TARGET_S / rate)                               # 62 tokens
+    assert p.step_tokens == p.prefill_budget == fit == p.prefill_tokens
+    assert p.prefill_tokens * rate <= BUSY_TARGET_S               # the gap: one target's prefill ...
+    assert p.decode_grant == 1                                    # ... and one round beside it, no more
+    # MLX on CPU kernels (0.1 s a prompt token): 2 tokens a tick, not its 128-token floor (13 s)
+    p = plan([newcomer] + streams, measured(prefill=0.1, decode={4: 1 / 64}))
+    assert p.step_tokens == p.prefill_tokens == 2 and p.decode_grant == 1
+    p = plan([newcomer] + streams, measured(prefill=1.0, decode={4: 1 / 64}))
+    assert p.step_tokens == p.prefill_tokens == 1                 # a token a tick at least
+    # nobody reads a stream: the engine's step (128 here, what 0.5 s holds) and the budget stand
+    quiet = [decoding("agent") for _ in range(4)]
+    p = plan([newcomer] + quiet, costs, prefill_budget=4096)
+    assert p.step_tokens == planner.step_tokens(costs, CAPS) == 128 > fit
+    assert p.prefill_tokens == max(p.step_tokens, int(BUSY_TARGET_S / rate))
+
+
 # ---- quiet ticks ------------------------------------------------------------------------------------
 
 QUIET = {"quiet-ticks": True}

@@ -1,0 +1,86 @@
+"""A chat stream keeps flowing while a long prompt arrives beside it, on the real server.
+
+While a client reads a stream, the planner holds each tick's prefill to what the busy tick target
+holds, in one engine step (plugins/qos/planner.stream_step). Before, a newcomer's prompt went in
+512-token steps: about 2 s each on 2 cores, and the stream received one delta per step. Counted
+here, not timed: the deltas a stream receives while a long prompt prefills, against the number of
+512-token steps the prompt takes. Also the bench tool that measures the gaps
+(tools/bench/stream_gaps.py), run small against the same server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from tools.bench import stream_gaps
+from tools.bench.agents_chat import agent_prompt
+from tools.bench.client import sse_data
+
+OLD_STEP = 512  # llama.cpp's micro-batch: what one tick prefilled before, with every lane busy
+
+
+@pytest.fixture(scope="module")
+def full(start_server):
+    """Two lanes: the stream and the newcomer fill them, so the planner's busy caps apply (with a
+    lane free it held prefill ticks to half a second already)."""
+    return start_server("--max-batch", "2", shared=True)
+
+
+async def _deltas_during_a_long_prefill(base: str) -> tuple[list[float], float, float, int]:
+    """(the stream's delta instants, the arrival's send and first-token instants, its prompt tokens)."""
+    async with aiohttp.ClientSession() as http:
+        started = asyncio.Event()
+        deltas: list[float] = []
+
+        async def stream():
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a long story."}],
+                    "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
+            async with http.post(base + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                async for payload in sse_data(r.content):
+                    chunk = json.loads(payload)
+                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                        deltas.append(time.perf_counter())
+                        started.set()
+
+        reader = asyncio.create_task(stream())
+        await asyncio.wait_for(started.wait(), 120)
+        body = {"model": "smollm2", "prompt": agent_prompt(1, 1500), "max_tokens": 1, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        sent, first, prompt_tokens = time.perf_counter(), None, 0
+        async with http.post(base + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            async for payload in sse_data(r.content):
+                chunk = json.loads(payload)
+                if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
+                    first = time.perf_counter()
+                prompt_tokens = (chunk.get("usage") or {}).get("prompt_tokens") or prompt_tokens
+        reader.cancel()
+        return deltas, sent, first, prompt_tokens
+
+
+def test_a_stream_keeps_receiving_while_a_long_prompt_prefills(full):
+    deltas, sent, first, prompt_tokens = asyncio.run(_deltas_during_a_long_prefill(full.base))
+    assert first is not None and prompt_tokens > 1200
+    during = sum(sent < t < first for t in deltas)
+    old_steps = -(-prompt_tokens // OLD_STEP)  # 3 steps for ~1500 tokens: about one delta each
+    assert during >= 2 * old_steps, (during, old_steps, prompt_tokens, round(first - sent, 2))
+
+
+def test_the_stream_gaps_tool_measures_every_stream_and_arrival(full, tmp_path, capsys):
+    out = tmp_path / "gaps.json"
+    assert stream_gaps.main(["--target", f"sf={full.base}", "--streams", "1", "--stream-tokens", "24",
+                             "--arrivals", "1", "--arrival-tokens", "300", "--rounds", "1", "--warmup", "0",
+                             "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    run = doc["runs"]["sf"]["1"][0]
+    assert len(run["streams"]) == 1 and all(s["completion_tokens"] == 24 for s in run["streams"])
+    assert all(len(s["gaps_s"]) == s["deltas"] - 1 >= 1 for s in run["streams"])
+    assert run["arrivals"][0]["ttft_s"] > 0 and run["arrivals"][0]["prompt_tokens"] > 200
+    gaps = doc["summary"]["sf"]["1"]["gaps"]
+    assert 0 < gaps["p50"] <= gaps["p99"] <= gaps["max"] and gaps["streams"] == 1
+    assert "| sf | 1 |" in capsys.readouterr().out
