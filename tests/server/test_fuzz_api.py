@@ -36,7 +36,7 @@ EXCLUDED_CHECKS = [schemathesis.checks.positive_data_acceptance]
 @pytest.fixture(scope="module")
 def fuzz_server(start_server):
     # a small context bounds every generation; a generous FIM bucket lets /infill run, not 429
-    return start_server("--max-batch", "4", "--max-context", "192", "--completion-rate", "1000/s",
+    return start_server("--max-batch", "4", "--max-context", "96", "--completion-rate", "1000/s",
                         "--completion-burst", "1000")
 
 
