@@ -20,6 +20,7 @@ import logging
 import numpy as np
 
 from superfluid.core.engine import RerankFormat
+from superfluid.plugins.gguf_file import GgufFile
 
 log = logging.getLogger("superfluid.rerank")
 
@@ -28,32 +29,27 @@ SOFTMAX_ARCHS = ("qwen3", "qwen3vl")  # llama.cpp ends these heads with a softma
 HEAD_TENSORS = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
 def rerank_format(path: str, name: str, vocab=None) -> RerankFormat | None:
     """How a reranker GGUF's pairs become prompts; None for a file that is not one (a Hugging
     Face directory, a GGUF without rank pooling) or a reranker no engine here serves (logged).
     ``vocab``: the daemon's llama.cpp vocab-only load of it (plugins/vocab/gguf.py), whose
-    special tokens make the BOS query EOS SEP document EOS format of a model without a template."""
-    import gguf
-
+    special tokens make the BOS query EOS SEP document EOS format of a model without a template.
+    Every basert start asks this of its GGUF, hence :class:`GgufFile`'s header walk, which
+    leaves the vocabulary's strings undecoded."""
     if not path.endswith(".gguf"):
         return None
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture") or ""
-    if _field(reader, f"{arch}.pooling_type") != RANK:
+    gguf_file = GgufFile(path)
+    arch = gguf_file.get("general.architecture") or ""
+    if gguf_file.get(f"{arch}.pooling_type") != RANK:
         return None
-    if _field(reader, f"{arch}.attention.causal") is False:
+    if gguf_file.get(f"{arch}.attention.causal") is False:
         log.warning("model %s: a %s reranker (non-causal attention) is not served here: an encoder's pair "
                     "must be computed whole, without a KV cache; /v1/rerank refuses it", name, arch)
         return None
-    if not any(t.name in ("cls.weight", "cls.output.weight") for t in reader.tensors):
+    if not any(n in gguf_file.tensors for n in ("cls.weight", "cls.output.weight")):
         log.warning("model %s: declares rank pooling but has no classification head (cls.*)", name)
         return None
-    template = _field(reader, "tokenizer.chat_template.rerank")
+    template = gguf_file.get("tokenizer.chat_template.rerank")
     return RerankFormat(template=template, **(_special_pair(vocab) if template is None and vocab else {}))
 
 
@@ -81,15 +77,14 @@ class RankHead:
     @classmethod
     def from_gguf(cls, path: str) -> "RankHead | None":
         """The head of the GGUF at ``path``; None where it declares no rank pooling or has no head."""
-        import gguf
-
         if not path.endswith(".gguf"):
             return None
-        reader = gguf.GGUFReader(path)
-        arch = _field(reader, "general.architecture") or ""
-        if _field(reader, f"{arch}.pooling_type") != RANK:
+        gguf_file = GgufFile(path)
+        arch = gguf_file.get("general.architecture") or ""
+        if gguf_file.get(f"{arch}.pooling_type") != RANK:
             return None
-        found = {t.name: _dequantize(gguf, t) for t in reader.tensors if t.name in HEAD_TENSORS}
+        # as float64, in numpy's order ([outputs, inputs]: GGUF lists a matrix's dims innermost first)
+        found = {n: t.dequantize().astype(np.float64) for n, t in gguf_file.tensors.items() if n in HEAD_TENSORS}
         if "cls.weight" not in found and "cls.output.weight" not in found:
             return None
         return cls(arch, found.get("cls.weight"), found.get("cls.bias"), found.get("cls.output.weight"),
@@ -112,11 +107,3 @@ class RankHead:
             e = np.exp(x - x.max())
             x = e / e.sum()
         return [float(v) for v in np.atleast_1d(x)]
-
-
-def _dequantize(gguf, tensor) -> np.ndarray:
-    """A GGUF tensor as float64 (GGUF lists a matrix's dims innermost first; the data is already
-    [outputs, inputs])."""
-    data = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float64)
-    dims = [int(d) for d in reversed(tensor.shape.tolist())]
-    return data.reshape(dims) if len(dims) > 1 else data.reshape(-1)

@@ -14,8 +14,11 @@ import math
 import os
 import re
 
+import numpy as np
 import torch
 from torch import nn
+
+from superfluid.plugins.gguf_file import GgufFile
 
 from .weights import _unpermute
 
@@ -123,32 +126,22 @@ def _read_gguf(path: str, model):
     """llama.cpp's adapter GGUF: ``blk.N.attn_q.weight.lora_a`` [r, in] / ``lora_b`` [out, r] and
     ``adapter.lora.alpha``; q and k ``lora_b`` rows are in llama.cpp's rotary order, undone here."""
     try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(path)
-    except Exception as exc:
+        adapter = GgufFile(path)
+        tensors = adapter.tensors
+    except Exception as exc:  # a torn or foreign file fails in many ways
         raise AdapterError(f"{path}: not a GGUF adapter file ({exc})") from None
-
-    def field(key: str):
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        value = f.parts[f.data[0]]
-        return bytes(value).decode() if f.types and f.types[0].name == "STRING" else value.tolist()[0]
-
-    if field("general.type") != "adapter" or field("adapter.type") != "lora":
-        raise AdapterError(f"{path}: a GGUF that is no LoRA adapter (general.type {field('general.type')!r})")
-    alpha = field("adapter.lora.alpha")
+    if adapter.get("general.type") != "adapter" or adapter.get("adapter.type") != "lora":
+        raise AdapterError(f"{path}: a GGUF that is no LoRA adapter (general.type {adapter.get('general.type')!r})")
+    alpha = adapter.get("adapter.lora.alpha")
     raw: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     shape = model.shape
-    for t in reader.tensors:
+    for t in tensors.values():
         m = _GGUF_KEY.match(t.name)
         if m is None or m.group(2) not in GGUF_MODULES:
             raise AdapterError(f"{path}: tensor {t.name!r} is not a LoRA matrix of a linear layer basert knows")
         if t.tensor_type.name not in ("F32", "F16", "BF16"):
             raise AdapterError(f"{path}: {t.name} is {t.tensor_type.name}; basert reads F32/F16/BF16 adapters")
-        dims = [int(d) for d in reversed(t.shape)]
-        value = torch.from_numpy(t.data.reshape(dims).astype("float32"))  # (a copy: the map is read-only)
+        value = torch.from_numpy(np.array(t.dequantize()))  # (a copy: the map is read-only)
         module = GGUF_MODULES[m.group(2)]
         heads = shape.n_heads if module == "q" else shape.n_kv_heads
         if m.group(3) == "b" and module in ("q", "k") and shape.arch == "llama" \

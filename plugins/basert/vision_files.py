@@ -25,6 +25,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import Tiling, from_mmproj, from_preprocessor, read_preprocessor
 from superfluid.core.media import Image, VisionInfo, idefics3_layout
 from superfluid.plugins import vision_families as families
+from superfluid.plugins.gguf_file import GgufFile
 
 #: mmproj projector types this tower implements (llama.cpp's ``clip.projector_type``)
 PROJECTORS = ("idefics3",)
@@ -127,7 +128,7 @@ def not_served(src: str, *, name: str) -> tuple[str, str] | None:
     if os.path.isdir(src):
         kind = str(hf_config(src).get("model_type") or "")
         return None if kind in HF_TYPES else (families.family(kind), f"model_type {kind}")
-    meta = _fields(_open_mmproj(src, name))
+    meta = _open_mmproj(src, name).fields
     projector = meta.get("clip.projector_type")
     if projector is None or projector in PROJECTORS:
         return None
@@ -140,8 +141,7 @@ def read_shape(src: str, *, name: str) -> VisionShape:
     """The tower's shape from an mmproj's metadata or an HF directory's config (no tensor read)."""
     if os.path.isdir(src):
         return _hf_shape(src, name)
-    reader = _open_mmproj(src, name)
-    return _mmproj_shape(_fields(reader), src, name)
+    return _mmproj_shape(_open_mmproj(src, name).fields, src, name)
 
 
 def read(src: str, *, name: str) -> tuple[VisionShape, dict[str, torch.Tensor]]:
@@ -258,17 +258,11 @@ def _gguf_names(vs: VisionShape) -> dict[str, str]:
     return names
 
 
-def _open_mmproj(path: str, name: str):
-    import gguf
-
+def _open_mmproj(path: str, name: str) -> GgufFile:
     try:
-        return gguf.GGUFReader(path)
+        return GgufFile(path)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"model {name!r}: cannot read mmproj {path}: {exc}") from None
-
-
-def _fields(reader: Any) -> dict[str, Any]:
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith(("clip.", "general."))}
 
 
 def _mmproj_shape(meta: dict[str, Any], path: str, name: str) -> VisionShape:
@@ -303,13 +297,16 @@ def _mmproj_shape(meta: dict[str, Any], path: str, name: str) -> VisionShape:
 
 
 def _read_mmproj(path: str, name: str) -> tuple[VisionShape, dict[str, torch.Tensor]]:
-    from .weights import GGUF_TYPES, _dequantize
+    from .weights import GGUF_TYPES
 
-    reader = _open_mmproj(path, name)
-    vs = _mmproj_shape(_fields(reader), path, name)
-    tensors = {t.name: t for t in reader.tensors}
+    mmproj = _open_mmproj(path, name)
+    vs = _mmproj_shape(mmproj.fields, path, name)
+    try:
+        tensors = mmproj.tensors
+    except ValueError as exc:
+        raise ConfigError(f"model {name!r}: cannot read mmproj {path}: {exc}") from None
     # numpy's order is ggml's reversed: a Linear is [out, in], the patch conv [out, 3, p, p]
-    found = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in tensors.items()}
+    found = {n: t.array_shape for n, t in tensors.items()}
     names = _gguf_names(vs)
     _check(name, path, vs, found, names)
     out: dict[str, torch.Tensor] = {}
@@ -318,6 +315,6 @@ def _read_mmproj(path: str, name: str) -> tuple[VisionShape, dict[str, torch.Ten
         if qtype.name not in GGUF_TYPES:
             raise ConfigError(f"model {name!r}: mmproj tensor {src} has quantization type {qtype.name}, which "
                               f"basert does not read (it reads {', '.join(GGUF_TYPES)})")
-        w = np.array(_dequantize(tensors[src]).reshape(found[src]), dtype=np.float32)  # a copy: the map is read-only
+        w = np.array(tensors[src].dequantize(), dtype=np.float32)  # a copy: the map is read-only
         out[key] = torch.from_numpy(w)
     return vs, out

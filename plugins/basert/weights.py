@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from superfluid.core.errors import ConfigError
+from superfluid.plugins.gguf_file import GgufFile, Tensor
 
 from .shape import (HF_VLM_HEAD_PREFIX, SUPPORTED_ARCHS, ModelShape, RopeScaling, expected_shapes, hf_text_config,
                     parse_rope_scaling)
@@ -168,11 +169,7 @@ def _read_hf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict
 
 # ---- GGUF -----------------------------------------------------------------------------------
 
-def _fields(reader: Any) -> dict[str, Any]:
-    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-
-
-def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Any], arch: str, name: str) -> ModelShape:
+def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Tensor], arch: str, name: str) -> ModelShape:
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
@@ -197,7 +194,7 @@ def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Any], arch: str, name: 
         raise ConfigError(f"model {name!r}: partial RoPE ({rope_dim} of {head_dim} dims) is not supported")
     if "token_embd.weight" not in tensors:
         raise ConfigError(f"model {name!r}: tensor token_embd.weight is missing ({arch})")
-    vocab = int(tensors["token_embd.weight"].shape[1])  # ggml order: ne = [hidden, vocab]
+    vocab = int(tensors["token_embd.weight"].dims[1])  # ggml order: ne = [hidden, vocab]
 
     scaling_type = meta.get(f"{arch}.rope.scaling.type")
     scaling: RopeScaling | None = None
@@ -206,7 +203,7 @@ def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Any], arch: str, name: 
                                       "factor": meta.get(f"{arch}.rope.scaling.factor")}, name)
     freq_factors = None
     if "rope_freqs.weight" in tensors:
-        freq_factors = tuple(float(x) for x in _dequantize(tensors["rope_freqs.weight"]).reshape(-1))
+        freq_factors = tuple(float(x) for x in tensors["rope_freqs.weight"].dequantize().reshape(-1))
         if len(freq_factors) != head_dim // 2:
             raise ConfigError(f"model {name!r}: tensor rope_freqs.weight has {len(freq_factors)} "
                               f"entries, head_dim {head_dim} needs {head_dim // 2}")
@@ -244,12 +241,6 @@ def _gguf_shape(meta: dict[str, Any], tensors: dict[str, Any], arch: str, name: 
     )
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
-    import gguf
-
-    return np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-
-
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row permutation (HF's rotate-half pairs -> interleaved pairs)."""
     half = w.shape[0] // n_heads // 2
@@ -257,20 +248,18 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _read_gguf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, dict[str, torch.Tensor]]:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
+    try:  # (GgufFile, not gguf.GGUFReader: the tokenizer's arrays, never needed here, cost seconds there)
+        gguf_file = GgufFile(path)
+        tensors = gguf_file.tensors
     except (ValueError, OSError) as exc:
         raise ConfigError(f"model {name!r}: {path} is not a readable GGUF file ({exc})") from None
-    meta = _fields(reader)
+    meta = gguf_file.fields
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ConfigError(f"model {name!r}: architecture {arch!r} is not supported; "
                           f"supported: {', '.join(SUPPORTED_ARCHS)}")
-    tensors = {t.name: t for t in reader.tensors}
     shape = _gguf_shape(meta, tensors, arch, name)
-    found = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in tensors.items()}
+    found = {n: t.array_shape for n, t in tensors.items()}
     _check(name, shape, found, _gguf_name)
     needed = {key: _gguf_name(key, shape) for key in expected_shapes(shape)}
     for src in needed.values():
@@ -281,7 +270,7 @@ def _read_gguf(path: str, name: str, dtype: torch.dtype) -> tuple[ModelShape, di
 
     out: dict[str, torch.Tensor] = {}
     for key, src in needed.items():
-        w = _dequantize(tensors[src]).reshape(found[src])
+        w = tensors[src].dequantize()
         if arch == "llama" and key.split(".")[-2] in ("q", "k"):
             w = _unpermute(w, shape.n_heads if key.split(".")[-2] == "q" else shape.n_kv_heads)
         w = np.ascontiguousarray(w)

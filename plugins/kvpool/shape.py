@@ -198,16 +198,11 @@ def parse_meta_value(text: str | None):
 
 
 def gguf_file_getter(path: str) -> Callable[[str], Any]:
-    """``get`` for :func:`from_gguf` over a GGUF file read with the ``gguf`` package."""
-    import gguf
+    """``get`` for :func:`from_gguf` over a GGUF file's metadata (:class:`GgufFile`: its header
+    alone, the vocabulary's strings left undecoded)."""
+    from superfluid.plugins.gguf_file import GgufFile
 
-    reader = gguf.GGUFReader(path)
-
-    def get(key: str):
-        field = reader.fields.get(key)
-        return None if field is None else field.contents()
-
-    return get
+    return GgufFile(path).get
 
 
 def mapping_getter(meta: Mapping[str, Any]) -> Callable[[str], Any]:
