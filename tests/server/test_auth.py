@@ -212,6 +212,10 @@ def test_the_body_field_asks_for_a_class_as_the_header_does(keyed):
                       ("interactive", "invalid_type"), ({"class": "agent"}, "unknown_parameter")):
         status, _, err = chat(keyed, key="top", superfluid=bad)
         assert status == 400 and error(err)["code"] == code, (bad, err)
+    # the body's class wins, but an unknown class in the header is still the client's mistake
+    # (found by test_fuzz_api: an embeddings request with x-superfluid-qos "Qa" was a 200)
+    status, _, err = chat(keyed, key="top", headers={"x-superfluid-qos": "Qa"}, superfluid={"qos": "agent"})
+    assert status == 400 and error(err)["code"] == "invalid_qos_class", err
 
 
 def test_a_streamed_reply_names_its_class(keyed):

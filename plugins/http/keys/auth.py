@@ -130,10 +130,13 @@ def applied_class(request, config, asked: str | None = None, otherwise: str | No
 
 def _applied_class(request, config, asked: str | None, otherwise: str | None = None) -> str:
     opts = OPTIONS.of(config)
-    if asked is None:
-        header = request.headers.get(QOS_HEADER)
-        if header is not None and opts.http_qos_header:
-            asked = qos_classes.resolve(header)
+    header = request.headers.get(QOS_HEADER)
+    if header is not None and opts.http_qos_header:
+        # resolved even when the body's extension names the class: an unknown class is the
+        # client's mistake to hear about (a 400), not a header to drop without a word
+        from_header = qos_classes.resolve(header)
+        if asked is None:
+            asked = from_header
     if asked is None:
         asked = otherwise
     key = request_key(request)
