@@ -26,7 +26,7 @@ PROMPTS = [
 # a prompt long enough to be cached (and, on a cross-adapter hit, served) as a prefix
 LONG = ("<|im_start|>system\n" + " ".join(f"Rule {i}: answer politely and briefly." for i in range(40))
         + "<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
-MAX_TOKENS = 32
+MAX_TOKENS = 16
 # LONG is prefilled in steps of this many tokens by the server and by the reference alike: adapter
 # b's reply to it is a near-tie that 128-token and 512-token steps decide differently
 STEP = 128
