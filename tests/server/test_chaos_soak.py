@@ -1,4 +1,4 @@
-"""The chaos suite's soak, CI variant: 20 s of mixed traffic from 4 clients on every API against
+"""The chaos suite's soak, CI variant: 12 s of mixed traffic from 4 clients on every API against
 the real server, its resources sampled every 2 s (python -m tools.chaos --scenarios soak runs the
 30-minute one). The checks below are the minute-long variant's: 20 requests, 8 APIs, 5 samples."""
 

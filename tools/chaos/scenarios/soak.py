@@ -42,7 +42,7 @@ PASS = ("after warm-up, RSS, file descriptors, threads and host-tier bytes stay 
 FULL = {"seconds": 1800, "every_s": 10, "clients": 4, "lanes": 4, "host_cache_mb": 64}
 # the CI variant: 20 s (4 clients on 4 lanes reach the test's 20 requests and 8 APIs in it; a sample
 # every 2 s gives its 5 samples, the warm baseline two of them)
-FAST = {"seconds": 20, "every_s": 2, "clients": 4, "lanes": 4, "host_cache_mb": 64}
+FAST = {"seconds": 12, "every_s": 2, "clients": 4, "lanes": 4, "host_cache_mb": 64}
 HEADLINE = ["requests", "by_kind", "5xx", "lost", "daemon_rss_mib", "worker_rss_mib", "fds", "threads",
             "host_bytes_max_mib", "lanes_after"]
 KINDS = ["chat", "chat_stream", "completion", "session", "embedding", "tools", "schema", "drop",
