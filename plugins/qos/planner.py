@@ -129,7 +129,8 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     target = tick_target_s(capabilities, settings, admitting and not quiet)
 
     plan = TickPlan(target_s=target, step_tokens=step_tokens(costs, capabilities), quiet=quiet)
-    streams = any(l.request.streamed for l in decoding)  # a client reads tokens as each tick ends
+    # a client reads tokens as each tick ends, on an engine where cutting ticks short costs nothing
+    streams = capabilities.uniform_decode_rounds and any(l.request.streamed for l in decoding)
     budget = prefill_budget(costs, capabilities, settings, admitting)
     if decoding and capabilities.uniform_decode_rounds:
         # Tokens reach clients only when a tick ends. Where cutting ticks short costs nothing
@@ -163,7 +164,7 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     # a little over half the target, doubling the ticks and their overhead).
     decode_round = max(costs.decode_round(max(len(decoding), 1)), 1e-6)
     rounds = max(1, round(target / decode_round))
-    if streams and prefill_total and capabilities.uniform_decode_rounds:
+    if streams and prefill_total:
         # the prefill already fills the tick: rounds on top of it would lengthen every stream's gap
         rounds = max(1, round((target - prefill_total * costs.prefill_per_token()) / decode_round))
     first_due = any(n == l.to_feed and l.first_token_at is None for l, n in chunks)
