@@ -38,6 +38,10 @@ log = logging.getLogger("superfluid.fleet.smg")
 RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # after the 1st, 2nd, ... consecutive quick death
 STABLE_S = 30.0  # an SMG that ran this long resets the backoff
 PENDING_S = 3.0  # a registration SMG accepted (202) is not sent again for this long
+# SMG's --shutdown-grace-period-secs. Even idle, SMG waits half of it after SIGTERM (2.5 s of the
+# 5), so every head's stop took that long; SUPERFLUID_TEST_SMG_GRACE_S is a test-only override
+# (seconds, whole) that lets the fleet tests stop their heads at once.
+SHUTDOWN_GRACE_S = int(os.environ.get("SUPERFLUID_TEST_SMG_GRACE_S") or 5)
 
 
 def free_port() -> int:
@@ -82,7 +86,7 @@ class Smg:
                 "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
                 "--health-success-threshold", "1", "--health-check-timeout-secs", "2",
                 "--control-plane-api-keys", f"fleet-head:superfluid fleet:admin:{self._admin_key}",
-                "--shutdown-grace-period-secs", "5",
+                "--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
                 "--log-level", smg_level] + (["--ca-cert-paths", self.ca_file] if self.ca_file else [])
 
