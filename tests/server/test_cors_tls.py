@@ -278,7 +278,8 @@ def test_fleet_over_https_to_an_https_node(tls_server, certs, tmp_path):
                                "--ssl-certfile", str(certs.cert), "--ssl-keyfile", str(certs.key),
                                "--ssl-cafile", str(certs.ca)],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                              # SMG stopped without its grace period: idle, it waits half of it (2.5 s)
+                              env=dict(os.environ, PYTHONUNBUFFERED="1", SUPERFLUID_TEST_SMG_GRACE_S="0"))
     ctx = ssl.create_default_context(cafile=str(certs.ca))
     base = f"https://127.0.0.1:{port}"
     try:
@@ -292,7 +293,7 @@ def test_fleet_over_https_to_an_https_node(tls_server, certs, tmp_path):
                         break
             except OSError:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.1)
         else:
             raise AssertionError(f"the fleet head never answered healthy over HTTPS: {health}\n"
                                  f"{log_path.read_text()[-4000:]}")
@@ -309,7 +310,7 @@ def test_fleet_over_https_to_an_https_node(tls_server, certs, tmp_path):
                 except openai.APIStatusError:
                     if time.monotonic() > deadline:
                         raise
-                    time.sleep(0.5)
+                    time.sleep(0.1)
             assert reply.choices[0].message.content
     finally:
         if proc.poll() is None:
