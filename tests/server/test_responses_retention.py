@@ -13,7 +13,10 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-TTL = 6  # seconds from storing: long enough to see the conversation's log before it goes
+# seconds from storing: long enough to see the conversation's log before it goes (the test looks
+# at once, milliseconds after the response was stored), short because the test waits it out; the
+# server sweeps every max(TTL / 10, 0.5) s with no traffic
+TTL = 2
 
 
 def _client(srv):
@@ -34,7 +37,7 @@ def _poll(cond, timeout: float = 60.0):
     while time.monotonic() < deadline:
         if cond():
             return True
-        time.sleep(0.2)
+        time.sleep(0.1)
     return False
 
 
