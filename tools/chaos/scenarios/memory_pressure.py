@@ -7,8 +7,8 @@ load is host memory: prefixes evicted from the pool into the host tier (``--host
 preempted lanes parked there (``--park``). The run, on one server in one cgroup:
 
 1. **The ladder.** The limit is set to the working set after load plus ``headroom_mb``. Distinct
-   long prompts, one after another, push their prefixes into the host tier until the cgroup's
-   working set is within 10 % of the limit. Pass: the cgroup pressure source reads it
+   long prompts push their prefixes into the host tier (short prompts between them reuse the slots
+   that hold them) until the cgroup's working set is within 10 % of the limit. Pass: the cgroup pressure source reads it
    (``superfluid_memory_pressure_level`` above 0), the ladder drops the host tier
    (``superfluid_prefix_evictions_total{reason="host_os_pressure"}``, the log's "OS memory
    pressure"), the working set falls back, every request answers 200, and the OOM killer has not
@@ -51,15 +51,16 @@ PASS = ("the cgroup's pressure is read and the ladder drops the host tier before
         "killer kills the worker, the daemon stays up, the lanes resume on a new worker and finish whole")
 # host_pause_s: how long the daemon keeps its host tier closed after pressure (None: its own 30 s;
 # the CI variant sets it through SUPERFLUID_TEST_HOST_PAUSE_S and waits that out, not 31 s)
-FULL = {"headroom_mb": 300, "prompt_words": 1400, "max_fill": 14, "long_tokens": 7000, "context": 8192,
+FULL = {"headroom_mb": 300, "prompt_words": 1400, "max_fill": 40, "long_tokens": 7000, "context": 8192,
         "reply_tokens": 24, "host_pause_s": None}
-FAST = {"headroom_mb": 120, "prompt_words": 1000, "max_fill": 10, "long_tokens": 3700, "context": 4096,
+FAST = {"headroom_mb": 120, "prompt_words": 1000, "max_fill": 30, "long_tokens": 3700, "context": 4096,
         "reply_tokens": 16, "host_pause_s": 5.0}
 HEADLINE = ["ladder_acted_after", "pressure_level_max", "host_os_pressure_evictions", "ws_peak_mb", "limit_mb",
             "ws_after_ladder_mb", "oom_kills_phase1", "oom_kills", "park_mb", "margin_mb", "worker_restarted",
             "lanes_resumed_whole", "daemon_up"]
 
 MIB = 1 << 20
+PENDING = 2  # long prefixes phase 1 lets wait in the pool for their slot's reuse
 BACKGROUND_TOKENS = 160  # long enough to still be decoding when the interactive request preempts it
 CGROOT = Path("/sys/fs/cgroup")
 WORDS = ("amber basin cedar delta ember fjord grove heron inlet juniper kelp lagoon meadow nectar orchid "
@@ -151,6 +152,12 @@ def _prompt(rng, words: int, tag: str) -> str:
     return f"[{tag}] Summarize these notes: " + " ".join(rng.choice(WORDS) for _ in range(words))
 
 
+def _push(i: int) -> str:
+    """A short prompt whose head (its first word, a tenth of it) no other prompt here shares, so it
+    takes the least recently used slot instead of cutting a similar one in place (core/prefix.py)."""
+    return f"{WORDS[i % len(WORDS)].capitalize()} {i}: say hi to the {WORDS[(3 * i + 1) % len(WORDS)]} team, briefly."
+
+
 def run(ctx: Ctx) -> Outcome:
     p = ctx.p
     cg = Cgroup(f"superfluid-chaos-{os.getpid()}-{ctx.seed}")
@@ -208,30 +215,39 @@ async def _drive(ctx: Ctx, srv, cg: Cgroup, fig: dict) -> None:
         fig.update(ws_loaded_mb=round(ws0 / MIB), limit_mb=round(limit / MIB))
         timeline, failures, peak = [], 0, ws0
         t0 = time.monotonic()
-        last_pressure, tokens_held, per_token = None, 0, 0.0
+        last_pressure, fill_tokens, per_token, fills, host_bytes = None, 0, 0.0, 0, 0.0
         # ---- phase 1: the host tier grows until the ladder drops it -------------------------------
+        # A long prompt's prefix reaches the host tier only once its slot is reused, after the
+        # lane's and the spare slots' other prefixes (core/kv.py); short pushes reuse them for a
+        # fraction of a long prefill, so at most PENDING long prefixes wait in the pool at a time.
         for i in range(p["max_fill"]):
-            body = {"model": MODEL_NAME, "prompt": _prompt(rng, p["prompt_words"], f"fill {i} {rng.random()}"),
-                    "max_tokens": 4, "temperature": 0}
+            in_host = int(host_bytes // (0.9 * fill_tokens * per_token)) if per_token else 0
+            long = fills - in_host < PENDING
+            prompt = (_prompt(rng, p["prompt_words"], f"fill {i} {rng.random()}") if long
+                      else _push(i))
+            body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0}
             r = await call(http, "POST", base + "/v1/completions", body, timeout=600)
             failures += r.status != 200
-            if r.status == 200:
-                fig["tokens_per_word"] = ((r.body.get("usage") or {}).get("prompt_tokens") or 0) / p["prompt_words"]
-                tokens_held += (r.body.get("usage") or {}).get("total_tokens") or 0
+            if r.status == 200 and long:
+                fill_tokens = (r.body.get("usage") or {}).get("prompt_tokens") or 0
+                fig["tokens_per_word"] = fill_tokens / p["prompt_words"]
+                fills += 1
             await asyncio.sleep(0.6)  # the gauge reads at most every 0.5 s, between ticks
             m = await metrics(http, base)
             ws = cg.working_set()
             peak = max(peak, ws)
-            row = {"t": round(time.monotonic() - t0, 1), "i": i, "status": r.status, "ws_mb": round(ws / MIB),
-                   "host_mb": round((metric_sum(m, "superfluid_host_cache_bytes") or 0) / MIB),
+            host_bytes = metric_sum(m, "superfluid_host_cache_bytes") or 0
+            row = {"t": round(time.monotonic() - t0, 1), "i": i, "long": long, "status": r.status,
+                   "ws_mb": round(ws / MIB), "host_mb": round(host_bytes / MIB),
                    "level": metric_sum(m, "superfluid_memory_pressure_level"),
                    "host_os_pressure": metric_sum(m, "superfluid_prefix_evictions_total", reason="host_os_pressure")}
             timeline.append(row)
             entries = metric_sum(m, "superfluid_host_cache_entries") or 0
-            if entries and not per_token:  # the first prefix in host memory: its bytes per token
-                per_token = (metric_sum(m, "superfluid_host_cache_bytes") or 0) / (tokens_held / (i + 1) * entries)
+            if entries and not per_token:  # the first prefix in host memory, a long one: its bytes per token
+                per_token = host_bytes / (fill_tokens * entries)
             if row["host_os_pressure"]:
                 fig["ladder_acted_after"] = i + 1
+                fig["long_fills"] = fills
                 last_pressure = time.monotonic()
                 break
         fig.update(phase1=timeline, phase1_failures=failures, ws_peak_mb=round(peak / MIB),
