@@ -47,7 +47,7 @@ class ServerProcess:
                         return
             except OSError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
 

@@ -150,7 +150,7 @@ class Server:
                     self.stop()
                     raise RuntimeError(f"{self.kind} failed its warm-up request: {e}\n{self.log_tail()}") from e
                 return
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"{self.kind} not ready in {self.startup_timeout}s:\n{self.log_tail()}")
 
