@@ -13,7 +13,7 @@ import urllib.request
 PROMPTS = [f"<|im_start|>user\nTell me about topic number {i}: {t}.<|im_end|>\n<|im_start|>assistant\n"
            for i, t in enumerate(["volcanoes", "the moon", "bees", "trains", "rivers", "chess", "clouds",
                                   "bread"])]
-TOKENS = 120
+TOKENS = 64  # the kill comes after 10 chunks a stream: each is then well under way, not near its end
 
 
 def stream(base, prompt, seen=None):

@@ -14,7 +14,7 @@ from ..targets import MODEL_NAME, ServeConfig
 
 KEY, TITLE = "worker_kill", "worker kill"
 FULL = {"streams": 8, "max_tokens": 120, "kill_after_chunks": 10, "lanes": 8, "context": 2048}
-FAST = {"streams": 4, "max_tokens": 240, "kill_after_chunks": 4, "lanes": 4, "context": 1024}
+FAST = {"streams": 4, "max_tokens": 120, "kill_after_chunks": 4, "lanes": 4, "context": 1024}
 TOPICS = ["volcanoes", "the moon", "bees", "trains", "rivers", "chess", "clouds", "bread", "maps",
           "glass", "salt", "owls", "kites", "tides", "ink", "wool"]
 
