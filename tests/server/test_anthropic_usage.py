@@ -10,6 +10,8 @@ One small-context server (160 tokens) so a reply can fill the window quickly."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 anthropic = pytest.importorskip("anthropic")
@@ -71,7 +73,7 @@ def test_the_stream_says_the_split_in_message_delta(client):
     assert final.usage.cache_read_input_tokens == delta.cache_read_input_tokens
 
 
-def test_a_reply_cut_by_the_context_window_says_so(client):
+def test_a_reply_cut_by_the_context_window_says_so(srv, client):
     body = _ask("Count from 1 to 500, separated by commas, and nothing else.")
     cut = client.messages.create(max_tokens=4, extra_body={"temperature": 0}, **body)
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 4
@@ -83,3 +85,6 @@ def test_a_reply_cut_by_the_context_window_says_so(client):
     with client.messages.stream(max_tokens=4000, extra_body={"temperature": 0}, **body) as stream:
         streamed = stream.get_final_message()
     assert streamed.stop_reason == "model_context_window_exceeded"
+    # and /openapi.json says a reply may stop so (the fuzz run's validator refused it when it did not)
+    answer = srv.get_json("/openapi.json")["paths"]["/v1/messages"]["post"]["responses"]["200"]
+    assert '"model_context_window_exceeded"' in json.dumps(answer)

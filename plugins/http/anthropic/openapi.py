@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..info.openapi_ops import GENERATE, INVARIANT_HEADER, QOS_HEADER, errors_shaped, op
 from ..info.openapi_responses import SSE_EVENT
 from ..info.openapi_schema import integer, json_body, nullable, obj, string
+from .wire import STOP_REASONS
 
 _USAGE = obj({"input_tokens": integer(0), "output_tokens": integer(0), "cache_read_input_tokens": integer(0),
               "cache_creation_input_tokens": integer(0)}, required=("input_tokens", "output_tokens"))
@@ -16,7 +17,7 @@ _BLOCK = obj({"type": string(enum=["text", "tool_use", "thinking"]), "text": str
 MESSAGE = obj({
     "id": string(description="msg_…"), "type": string(enum=["message"]), "role": string(enum=["assistant"]),
     "model": string(), "content": {"type": "array", "items": _BLOCK},
-    "stop_reason": nullable(string(enum=["end_turn", "max_tokens", "stop_sequence", "tool_use"])),
+    "stop_reason": nullable(string(enum=list(STOP_REASONS))),
     "stop_sequence": nullable(string()), "usage": _USAGE},
     required=("id", "type", "role", "model", "content", "stop_reason", "usage"))
 _COUNT = obj({"input_tokens": integer(0)}, required=("input_tokens",))

@@ -46,6 +46,9 @@ from ..openai.replies import error_body, status_of
 from ..wire import Wire
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
+CONTEXT_EXCEEDED = "model_context_window_exceeded"  # cut by the context window, not by max_tokens
+# every stop_reason a reply can carry; /openapi.json lists these, so a client's validator accepts each
+STOP_REASONS = (*dict.fromkeys(_STOP_REASONS.values()), "stop_sequence", CONTEXT_EXCEEDED)
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error", 409: "invalid_request_error",
                 413: "request_too_large", 415: "invalid_request_error", 422: "invalid_request_error",
@@ -119,7 +122,7 @@ class AnthropicWire(Wire):
             return "stop_sequence", stop_string
         if finish == "length" and self.prep is not None and self.max_tokens is not None and output < self.max_tokens \
                 and prompt + output >= self.prep.runtime.loop.settings.context_length:
-            return "model_context_window_exceeded", None
+            return CONTEXT_EXCEEDED, None
         return _STOP_REASONS.get(finish or "stop", "end_turn"), None
 
     def _usage(self, u: dict) -> dict:
