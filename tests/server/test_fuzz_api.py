@@ -11,11 +11,16 @@ left out (it would take the model away mid-run), and so is the endless ``GET /ev
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import copy
+import itertools
+import multiprocessing
 import os
 import time
 
 import pytest
+
+from superfluid.core import lifeline
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -55,6 +60,14 @@ class Tally:
                 body = case.body if not callable(getattr(case, "body", None)) else None
                 self.failures[key] = (f"{str(failure)[:300]} | query={case.query!r} headers={case.headers!r} "
                                       f"body={str(body)[:300]} -> {response.text[:200]!r}")
+
+    def merge(self, other: "Tally") -> None:
+        self.requests += other.requests
+        self.statuses.update(other.statuses)
+        for op, counts in other.by_op.items():
+            self.by_op[op].update(counts)
+        for key, example in other.failures.items():
+            self.failures.setdefault(key, example)
 
     def report(self) -> str:
         lines = [f"fuzz: {self.requests} requests sent, {len(self.failures)} distinct failures",
@@ -110,29 +123,24 @@ def _aimed(doc: dict, server, bounded: bool) -> dict:
     return doc
 
 
-def test_fuzz_api(fuzz_server):
+def _fuzz(docs: dict, base: str, operations: list[tuple[str, str]]) -> Tally:
+    """Fuzz these (method, path) operations in both modes, one after another; run in a worker
+    process (its own interpreter), so it gets only picklable things: the aimed documents by
+    mode, the server's address, and the operations."""
     from schemathesis import GenerationMode
 
-    doc = fuzz_server.get_json("/openapi.json")
-    schemas = {mode: schemathesis.openapi.from_dict(_aimed(doc, fuzz_server, mode == GenerationMode.POSITIVE))
-               for mode in GenerationMode}
+    schemas = {mode: schemathesis.openapi.from_dict(docs[mode.value]) for mode in GenerationMode}
     tally = Tally()
-    started = time.monotonic()
-    # closing sessions last, so the turns, QoS changes and parks before it find them open
-    operations = sorted(schemas[GenerationMode.POSITIVE].get_all_operations(),
-                        key=lambda result: result.ok().method.upper() == "DELETE")
-    for result in operations:
-        label = f"{result.ok().method.upper()} {result.ok().path}"
-        if (result.ok().method.upper(), result.ok().path) in EXCLUDED:
-            continue
+    for method, path in operations:
+        label = f"{method} {path}"
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            op = schemas[mode][result.ok().path][result.ok().method.upper()]
+            op = schemas[mode][path][method]
 
             @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                       phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=op.as_strategy(generation_mode=mode))
             def run(case):
-                response = case.call(base_url=fuzz_server.base, timeout=120)
+                response = case.call(base_url=base, timeout=120)
                 tally.requests += 1
                 tally.statuses[response.status_code] += 1
                 code = ""
@@ -152,10 +160,42 @@ def test_fuzz_api(fuzz_server):
                 run()
             except Unsatisfiable:  # nothing to break in an operation without parameters
                 pass
+    return tally
+
+
+def _shares(operations: list[tuple[str, str]]) -> tuple[list[list[tuple[str, str]]], list[tuple[str, str]]]:
+    """The operations as tasks that may run at once, and the ones to run after them all. A
+    session's routes share the sessions made in ``_aimed``, so they stay one task in their own
+    order (two turns at once on one session would be a conflict the fuzzing made, not the
+    server); closing (DELETE) runs last, so the turns, QoS changes and parks find them open."""
+    closing = [op for op in operations if op[0] == "DELETE"]
+    rest = [op for op in operations if op[0] != "DELETE"]
+    sessions = [op for op in rest if op[1].startswith("/v1/sessions")]
+    return [sessions, *([op] for op in rest if op not in sessions)], closing
+
+
+def test_fuzz_api(fuzz_server):
+    from schemathesis import GenerationMode
+
+    doc = fuzz_server.get_json("/openapi.json")
+    docs = {mode.value: _aimed(doc, fuzz_server, mode == GenerationMode.POSITIVE) for mode in GenerationMode}
+    operations = [(r.ok().method.upper(), r.ok().path)
+                  for r in schemathesis.openapi.from_dict(docs[GenerationMode.POSITIVE.value]).get_all_operations()]
+    parallel, closing = _shares([op for op in operations if op not in EXCLUDED])
+    tally = Tally()
+    started = time.monotonic()
+    # Generating and checking cases is the client's CPU work, most of the run; two processes
+    # (this machine's cores) each fuzz a share, and every operation gets the same examples.
+    # Each worker ends with this process, even a SIGKILLed one (lifeline.watch_parent).
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=lifeline.watch_parent) as pool:
+        for share in pool.map(_fuzz, itertools.repeat(docs), itertools.repeat(fuzz_server.base), parallel):
+            tally.merge(share)
+        tally.merge(pool.submit(_fuzz, docs, fuzz_server.base, closing).result())
     print(f"\n{tally.report()}\nfuzz: {time.monotonic() - started:.0f} s", flush=True)
     health = fuzz_server.get_json("/health")
     assert health["status"] == "ok", health
     status, reply = fuzz_server.call("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0})
     assert status == 200, reply
-    assert not tally.failures, tally.report()
+    assert tally.requests > 0 and not tally.failures, tally.report()
