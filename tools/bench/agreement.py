@@ -135,10 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=16, help="distinct prompts per lane count")
     ap.add_argument("--lanes", default="1,4,8", help="lanes decoding at once, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--context", type=int, default=4096, help="cells a lane (started targets, the reference)")
-    ap.add_argument("--model", help="model name for URL targets (default: the first listed)")
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--logs", default="test-artifacts/bench-logs", help="started servers' logs")
+    launch.add_target_options(ap, timeout=600, context_help="cells a lane (started targets, the reference)")
     ap.add_argument("--json", metavar="PATH", help="write every reply and the table here")
     args = ap.parse_args(argv)
     lane_counts = [int(L) for L in args.lanes.split(",")]

@@ -54,6 +54,15 @@ class Launched:
                 "command": self.server.cmd, "log": str(self.server.log_path)}
 
 
+def add_target_options(ap, timeout: float, context_help: str = "cells a lane (started targets)") -> None:
+    """The options a tool shares with every other that starts ``KIND:MODEL`` targets or reaches
+    URL ones: their lanes' context, the model name, the request timeout, where their logs go."""
+    ap.add_argument("--context", type=int, default=4096, help=context_help)
+    ap.add_argument("--model", help="model name for URL targets (default: the first listed)")
+    ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument("--logs", default="test-artifacts/bench-logs", help="started servers' logs")
+
+
 def start_all(pairs: list[tuple[str, str]], lanes: int, context: int, log_dir: Path,
               progress=lambda line: print(line, file=sys.stderr, flush=True)) -> list[Launched]:
     """Start a server for every ``KIND:MODEL`` target, one after the other (so no load overlaps a

@@ -145,10 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arrival-reply", type=int, default=4, help="tokens each arrival generates")
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded")
-    ap.add_argument("--context", type=int, default=4096, help="cells a lane (started targets)")
-    ap.add_argument("--model", help="model name for URL targets (default: the first listed)")
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--logs", default="test-artifacts/bench-logs", help="started servers' logs")
+    launch.add_target_options(ap, timeout=900)
     ap.add_argument("--json", metavar="PATH", help="write every run here")
     args = ap.parse_args(argv)
     concurrencies = [int(c) for c in args.streams.split(",")]
