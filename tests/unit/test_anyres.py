@@ -11,8 +11,6 @@ import pytest
 
 from superfluid.core.anyres import AnyRes
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 pytest.importorskip("transformers")
 
 # (width, height): square, wide, tall, tiny, huge, and the ratios between

@@ -21,8 +21,6 @@ from superfluid.plugins.basert import create_engine  # noqa: E402
 from superfluid.plugins.basert.shape import SUPPORTED_ARCHS  # noqa: E402
 from superfluid.plugins.qos.planner import tick_target_s  # noqa: E402
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 VOCAB = 49152  # SmolLM2's tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=2)

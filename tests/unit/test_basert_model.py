@@ -33,8 +33,6 @@ from superfluid.plugins.basert.kv_pool import PagedKV  # noqa: E402
 from superfluid.plugins.basert.shape import ModelShape, expected_shapes  # noqa: E402
 from tools.bench.basert_reference import transformers_from_gguf  # noqa: E402
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 TOL = 1e-4
 PROMPT_LEN = 13
 VOCAB = 320

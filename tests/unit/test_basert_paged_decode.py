@@ -18,8 +18,6 @@ from superfluid.plugins.basert.paged_decode import PagedDecode
 
 from .test_basert_kv import BS, HK, HQ, D, L, SCALE, Dense, assert_close, run_step
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 torch.set_num_threads(1)
 
 

@@ -16,8 +16,6 @@ from superfluid.plugins.basert import sampler as S  # noqa: E402
 from superfluid.plugins.basert import sampling_math as M  # noqa: E402
 from superfluid.plugins.basert.sampler import LaneSampler, sample_rows  # noqa: E402
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():

@@ -10,8 +10,6 @@ import pytest
 
 from tools.formats import table
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT.parent / "shared" / "templates"
 

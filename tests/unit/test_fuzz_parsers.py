@@ -33,8 +33,6 @@ from superfluid.plugins.http.prepare.preparer import limit_field, max_tokens  # 
 from superfluid.plugins.http.prepare.tool_render import render_prompt  # noqa: E402
 from superfluid.plugins.http.typed import parse  # noqa: E402
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 # derandomized: the same examples on every run, so CI is stable (raise max_examples locally to dig)
 SCALE = float(os.environ.get("SUPERFLUID_FUZZ_SCALE", "1"))  # e.g. 10 to dig deeper locally
 FUZZ = settings(max_examples=int(200 * SCALE), deadline=None, derandomize=True, database=None,

@@ -17,8 +17,6 @@ from superfluid.core.media import placeholder  # noqa: E402
 from tests import vision_reference as ref  # noqa: E402
 from tools.fixtures.tiny_vlm import build  # noqa: E402
 
-pytestmark = pytest.mark.background  # computation only, no wall-clock bound (tools/dev/test.sh)
-
 # square small, wide, wide, tall, larger than the longest edge, tiny, one tile plus a pixel, very wide
 SIZES = [(64, 64), (200, 64), (256, 100), (64, 200), (600, 300), (30, 20), (65, 64), (1000, 70)]
 

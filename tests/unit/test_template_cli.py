@@ -21,9 +21,8 @@ SCRIPT = pathlib.Path(sys.executable).parent / "superfluid"
 QWEN25 = SHARED / "Qwen-Qwen2.5-7B-Instruct.jinja"
 QWEN3 = SHARED / "Qwen-Qwen3-0.6B.jinja"
 
-pytestmark = [pytest.mark.skipif(not QWEN3.exists() or not QWEN25.exists(),
-                                 reason=f"the shared templates are not at {SHARED}"),
-              pytest.mark.background]  # computation only, no wall-clock bound (tools/dev/test.sh)
+pytestmark = pytest.mark.skipif(not QWEN3.exists() or not QWEN25.exists(),
+                                reason=f"the shared templates are not at {SHARED}")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather in a city",

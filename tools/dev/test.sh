@@ -5,11 +5,8 @@
 # With no test path among the arguments it runs in two parts: the unit, docs and packaging tests
 # on every core (pytest-xdist: they are independent and most are pure Python, so each core takes
 # a share), then the server tests one at a time (each starts real servers whose timings and
-# memory its assertions read; two at once would measure each other). Beside both, at idle CPU
-# priority (SCHED_IDLE: the kernel runs it only on a core nothing else wants), the unit tests
-# marked ``background``: computation with no wall-clock bound (parsers, templates, basert's
-# kernels). The server tests leave about a quarter of the machine idle, which they use, and they
-# take no core from a test that is timing itself. With a path it runs pytest once on what it names.
+# memory its assertions read; two at once would measure each other). With a path it runs pytest
+# once on what it names.
 #
 # It ends with the 15 slowest tests and their kind (tools/dev/suite_costs.py: server start,
 # waiting, real work), then the set-up's and the tests' wall times and the CPU, so every change
@@ -32,20 +29,9 @@ status=0
 if (( named_path )); then
     "${pytest[@]}" --costs-file "$costs/all.json" "$@" || status=$?
 else
-    idle=(chrt --idle 0)
-    command -v chrt >/dev/null || idle=(nice -n 19)
-    OMP_NUM_THREADS=1 "${idle[@]}" "${pytest[@]}" --costs-file "$costs/background.json" -m background tests/unit \
-        "$@" > "$costs/background.log" 2>&1 &
-    background=$!
-    trap 'kill "$background" 2>/dev/null || true' EXIT  # a stopped run stops it too
-    "${pytest[@]}" --costs-file "$costs/unit.json" -n auto -m "not background" tests/unit tests/test_docs.py \
-        tests/test_packaging.py "$@" || status=$?
+    "${pytest[@]}" --costs-file "$costs/unit.json" -n auto tests/unit tests/test_docs.py tests/test_packaging.py "$@" \
+        || status=$?
     "${pytest[@]}" --costs-file "$costs/server.json" tests/server "$@" || status=$?
-    background_status=0
-    wait "$background" || background_status=$?
-    echo "the background tests (idle priority, beside the others; log: $costs/background.log):"
-    if (( background_status == 0 )); then tail -n 3 "$costs/background.log"; else cat "$costs/background.log"; fi
-    (( background_status == 0 )) || status=$background_status
 fi
 end=$(date +%s)
 .venv/bin/python -m tools.dev.suite_costs --top 15 "$costs"/*.json || true
