@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 from superfluid.core import lifeline
 
 
@@ -107,3 +109,19 @@ class ServerProcess:
                 self.proc.wait(5)
         self._log.close()
         return self.proc.returncode
+
+
+def still_running(held: list[psutil.Process], timeout: float = 20.0) -> list[psutil.Process]:
+    """The processes of ``held`` still running after up to ``timeout`` s; a zombie counts as gone.
+    A killed process whose parent died is a zombie until init reaps it, which some inits do only
+    every second or so; it holds nothing by then, so waiting for the reaping measures init."""
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in held if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive

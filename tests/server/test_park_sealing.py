@@ -12,6 +12,8 @@ import time
 import psutil
 import pytest
 
+from .serverproc import still_running
+
 SYSTEM = ("You are a careful assistant for a library. Answer briefly and politely. " * 6).strip()
 
 
@@ -45,23 +47,12 @@ def wait_sealed(state, sid: str, turns: int, timeout: float = 30.0) -> dict:
     pytest.fail(f"turn {turns} of {sid} was not sealed in {timeout} s")
 
 
-def running(proc: psutil.Process) -> bool:
-    """Neither gone nor a zombie. The killed worker, its parent dead, is a zombie until init reaps
-    it, which some inits do only every second or so; it holds nothing by then."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def sigkill(srv) -> None:
     """SIGKILL the daemon's process group: no shutdown runs; its engine worker dies with it."""
     held = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
     os.killpg(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait(10)
-    deadline = time.monotonic() + 20
-    while (alive := [p for p in held if running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    alive = still_running(held)
     assert not alive, f"left running after SIGKILL: {[p.pid for p in alive]}"
 
 

@@ -16,16 +16,9 @@ import psutil
 
 from superfluid.core import lifeline
 
+from .serverproc import still_running
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def running(proc: psutil.Process) -> bool:
-    """Still running: neither gone nor a zombie. A killed process whose parent died is a zombie
-    until init reaps it, which some inits do only every second or so; it holds nothing by then."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_a_sigkilled_pytest_leaves_no_server_and_no_worker(tmp_path):
@@ -53,9 +46,7 @@ def test_a_sigkilled_pytest_leaves_no_server_and_no_worker(tmp_path):
 
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
-        deadline = time.monotonic() + 20
-        while (alive := [p for p in held if running(p)]) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        alive = still_running(held)
         assert not alive, f"left running after the test process was SIGKILLed: {[p.pid for p in alive]}"
     finally:
         if child.poll() is None:
