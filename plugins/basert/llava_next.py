@@ -33,6 +33,8 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import normalise, read_preprocessor
 from superfluid.core.media import Image, VisionInfo
 
+from . import unfilled
+
 HF_TYPE = "llava_next"
 _ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "gelu": F.gelu,
@@ -140,7 +142,7 @@ class LlavaNextTower(nn.Module):
         h, p, side = vs.hidden_size, vs.rule.patch, vs.rule.side
         self.patch = nn.Conv2d(3, h, kernel_size=p, stride=p, bias=False)
         self.cls = nn.Parameter(torch.empty(h))
-        self.pos = nn.Embedding(side * side + 1, h)
+        self.pos = unfilled.embedding(side * side + 1, h)
         self.pre_ln = nn.LayerNorm(h, eps=vs.layer_norm_eps)
         self.layers = nn.ModuleList(ClipLayer(vs) for _ in range(vs.n_layers))
         self.proj1 = nn.Linear(h, vs.out_size, bias=vs.projector_bias)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import rope
+from . import rope, unfilled
 from .shape import SUPPORTED_ARCHS, ModelShape, expected_shapes
 from .weights import read_weights
 
@@ -134,7 +134,7 @@ class Transformer(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.shape = shape
-        self.embed = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.embed = unfilled.embedding(shape.vocab_size, shape.hidden_size)
         self.layers = nn.ModuleList(Layer(shape, i) for i in range(shape.n_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_eps, shape.norm_plus_one)
         self.head = None if shape.tie_embeddings else nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
@@ -145,8 +145,10 @@ class Transformer(nn.Module):
     def set_buffers(self, device: torch.device | str | None) -> None:
         """(Re)make the derived float32 constants (RoPE tables, Gemma's embedding scale) on ``device``:
         never loaded from a file, so a model built on the meta device needs them made afresh."""
-        self.register_buffer("inv_freq_global", rope_inv_freq(self.shape, local=False).to(device), persistent=False)
-        self.register_buffer("inv_freq_local", rope_inv_freq(self.shape, local=True).to(device), persistent=False)
+        with torch.device("cpu"):  # even inside build()'s meta device: see unfilled.py for why
+            inv_freq = {kind: rope_inv_freq(self.shape, local=kind == "local") for kind in ("global", "local")}
+        self.register_buffer("inv_freq_global", inv_freq["global"].to(device), persistent=False)
+        self.register_buffer("inv_freq_local", inv_freq["local"].to(device), persistent=False)
         self.rope_attention = rope.attention_factor(self.shape.rope_scaling)  # YaRN's cos/sin factor (global layers)
         # HF keeps sqrt(hidden) as a float32 buffer and casts it to the weights' dtype: same here.
         self.register_buffer("embed_scale", torch.tensor(self.shape.embed_scale, device=device), persistent=False)

@@ -38,7 +38,7 @@ from superfluid.core.errors import ConfigError
 from superfluid.core.image_tiles import normalise
 from superfluid.core.media import Image
 
-from . import llava_next
+from . import llava_next, unfilled
 from . import vision_files as files
 from .vision_files import (HF_TYPES, PROJECTORS, VisionShape, expected_shapes, hf_config, not_served,  # noqa: F401
                            source)
@@ -93,7 +93,7 @@ class VisionTower(nn.Module):
         self.shape = vs
         h = vs.hidden_size
         self.patch = nn.Conv2d(3, h, kernel_size=vs.patch_size, stride=vs.patch_size)
-        self.pos = nn.Embedding(vs.n_patches, h)
+        self.pos = unfilled.embedding(vs.n_patches, h)
         self.layers = nn.ModuleList(VisionLayer(vs) for _ in range(vs.n_layers))
         self.post_ln = nn.LayerNorm(h, eps=vs.layer_norm_eps)
         self.proj = nn.Linear(h * vs.scale_factor ** 2, vs.out_size, bias=False)
