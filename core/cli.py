@@ -5,16 +5,14 @@ Plugins add other subcommands through ``superfluid_add_commands`` (the HTTP fron
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import Callable
 
 import attrs
 
-from . import __version__, lane_guard, plugin_report
+from . import __version__, plugin_report
 from .config import CORE_OPTIONS, Schema, add_flags, build_config, model_registrar, read_toml
-from .daemon import Daemon, print_progress
 from .errors import ConfigError, SuperfluidError
 from .plugins import make_plugin_manager
 
@@ -106,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"superfluid: configuration error: {exc}", file=sys.stderr)
         return 2
+    # imported here, not at the top: multiprocessing re-imports the entry module in every worker
+    # it spawns, and a worker needs none of the daemon's modules (a tenth of a second of each start)
+    import asyncio
+
+    from . import lane_guard
+    from .daemon import Daemon, print_progress
+
     logging.basicConfig(level=CORE_OPTIONS.of(config).log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     lane_guard.install_from_environment()  # SUPERFLUID_LANE_GUARD: the tests' lane-ownership check
