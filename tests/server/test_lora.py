@@ -111,7 +111,9 @@ def test_a_prefix_cached_under_one_adapter_is_not_served_under_another(client, r
     assert got_b == _alone(reference, "smollm2:b", LONG)  # a cross-adapter hit would give a's KV to b
     assert (r.usage.prompt_tokens_details.cached_tokens or 0) == 0
     got_base, r = _ask(client, "smollm2", LONG)
-    assert got_base == _alone(reference, "smollm2", LONG) and (r.usage.prompt_tokens_details.cached_tokens or 0) == 0
+    # at most the one token ("<|im_start|>") LONG shares with PROMPTS[0], which the tests before sent
+    # the base model: its own prefix, where a's would be the whole of LONG's head
+    assert got_base == _alone(reference, "smollm2", LONG) and (r.usage.prompt_tokens_details.cached_tokens or 0) <= 1
     got_a, r = _ask(client, "smollm2:a", LONG)  # a's own prefix is reused (the cache works)
     assert got_a == _alone(reference, "smollm2:a", LONG) and r.usage.prompt_tokens_details.cached_tokens > 0
 

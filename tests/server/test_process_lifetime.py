@@ -29,9 +29,10 @@ def test_a_sigkilled_pytest_leaves_no_server_and_no_worker(tmp_path):
          str(ROOT / "tests" / "server" / "hold_server_case.py")],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         # no third-party pytest plugins (hypothesis, schemathesis, langsmith...): the case needs none,
-        # and importing them took the child ~1.7 s before it started its server
-        env=dict(os.environ, SUPERFLUID_HOLD_PIDS=str(pids_file), PYTHONUNBUFFERED="1",
-                 PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
+        # and importing them took the child ~1.7 s before it started its server; and none of this
+        # run's PYTEST_ADDOPTS: a --basetemp there is this run's, which the child would wipe
+        env=dict({k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, SUPERFLUID_HOLD_PIDS=str(pids_file),
+                 PYTHONUNBUFFERED="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
     held: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 180
