@@ -16,6 +16,8 @@ import pytest
 
 from .serverproc import ServerProcess
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

@@ -16,6 +16,8 @@ import pytest
 
 from .test_qos_server import complete, post, wait_for
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 pytest.importorskip("torch")
 
 BASERT = ("--engine", "basert", "--threads", "2")

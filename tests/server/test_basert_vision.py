@@ -33,6 +33,8 @@ from tools.fixtures.tiny_vlm import build  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 RED, BLUE, GREEN = (255, 0, 0), (0, 0, 255), (0, 160, 0)
 GREEDY = SamplingParams(temperature=0.0)
 N = 8

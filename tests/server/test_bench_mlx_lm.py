@@ -22,6 +22,8 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install 'supe
 
 from superfluid.core import lifeline  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

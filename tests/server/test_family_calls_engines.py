@@ -19,6 +19,8 @@ from .serverproc import ServerProcess
 from .test_basert_server import BASERT
 from .test_mlx import tiny, tiny_path  # noqa: F401  the MLX tests' tiny model
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 TEMPLATES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"
 FAMILIES = {"Qwen3-Coder": "qwen3-coder", "Mistral-Small-3.2-24B-Instruct-2506": "mistral", "GLM-4.6": "glm-4.5"}
 BASERT_FAMILIES = ["Qwen3-Coder", "Mistral-Small-3.2-24B-Instruct-2506"]

@@ -32,6 +32,8 @@ from tools.fixtures.tiny_vlm import build
 from . import vision_cases as cases
 from .serverproc import free_port
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 MODEL = "vlm"
 TEMPLATES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "templates"

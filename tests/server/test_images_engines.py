@@ -12,6 +12,8 @@ from tools.fixtures.tiny_vlm import build
 
 from . import vision_cases as cases
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 MODEL = "vlm"
 

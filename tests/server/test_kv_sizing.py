@@ -11,6 +11,8 @@ import pytest
 
 from .kv_models import gemma3_270m, smollm2_tokenizer, tiny_qwen3_gguf
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

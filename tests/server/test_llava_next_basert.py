@@ -16,6 +16,8 @@ import threading
 
 import pytest
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

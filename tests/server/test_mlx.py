@@ -32,6 +32,8 @@ from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 from ..llama_reference import in_child, text_logits  # noqa: E402
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 GREEDY = SamplingParams(temperature=0.0)
 
 

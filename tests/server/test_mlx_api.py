@@ -27,6 +27,8 @@ PROMPT = "<|im_start|>user\nTell me about the people of the water<|im_end|>\n<|i
 
 from .test_mlx import tiny, tiny_path  # noqa: E402,F401  the same tiny model and its loaded weights
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def constrainer(tiny, tiny_path):

@@ -37,6 +37,8 @@ from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 from ..tinygguf import write_tiny_llama  # noqa: E402
 from .test_mlx import TINY_PROMPTS, _generate, complete, metric, wait_for  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 # Plain prompts (a chat template would triple what SmolLM2 prefills); the haiku first: its 4-bit
 # reply differs from full width's at the first token
 QUESTIONS = ["Write a haiku about the sea.", "Name three colors.", "The capital of France is"]

@@ -23,6 +23,8 @@ from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 from .kv_models import smollm2_tokenizer, tiny_gemma3_dir  # noqa: E402
 from .test_mlx import GREEDY, _generate  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 NAME = "smollm2"
 
 

@@ -26,6 +26,8 @@ from superfluid.plugins.mlx.lora import MlxLora  # noqa: E402
 from superfluid.plugins.mlx.runner import MlxRunner  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 GREEDY = SamplingParams(temperature=0.0)
 N = 6  # 1 prefill token + two grants of 3 (see the docstring)
 A, B = (("a", 1.0),), (("b", 1.0),)

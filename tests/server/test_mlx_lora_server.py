@@ -21,6 +21,8 @@ from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
 from . import test_mlx_lora  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 PROMPTS = ["The quick brown fox", "Once upon a time"]
 SETS = {"smollm2": None, "smollm2:a": "a", "smollm2:b": "b"}
 

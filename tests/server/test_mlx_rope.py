@@ -34,6 +34,8 @@ from superfluid.core.errors import ConfigError  # noqa: E402
 from superfluid.plugins.mlx import loader, rope_config  # noqa: E402
 from superfluid.plugins.vocab import GGUFVocab  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 WINDOW = 64  # the tiny model's training context, and the YaRN's original window
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": WINDOW}
 TOKENS = 10

@@ -35,6 +35,8 @@ from tools.fixtures.tiny_vlm import build  # noqa: E402
 
 from ..tinygguf import write_tiny_llama  # noqa: E402
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 GREEDY = SamplingParams(temperature=0.0)
 RED, BLUE, GREEN, YELLOW, GREY = (255, 0, 0), (0, 0, 255), (0, 160, 0), (230, 220, 0), (128, 128, 128)
 MAX_NEW = 8

@@ -21,6 +21,8 @@ from superfluid.plugins.http.keys.policy import hash_secret
 
 from ..llama_reference import in_child
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 cohere = pytest.importorskip("cohere")
 torch = pytest.importorskip("torch")
 

@@ -28,6 +28,8 @@ from tests import vlm_families_reference as ref
 
 from . import vision_cases as cases
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 

@@ -25,6 +25,8 @@ from tests import vlm_families_reference as ref
 from . import vision_cases as cases
 from .serverproc import ServerProcess
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

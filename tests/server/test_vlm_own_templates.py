@@ -23,6 +23,8 @@ import pytest
 from tests.server import vision_cases as cases
 from tools.fixtures.tiny_vlm import ROWS, build
 
+pytestmark = pytest.mark.two_at_a_time  # tools/dev/test.sh may run it beside another module (pyproject.toml)
+
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")  # the reference (and the fixture's build)
 pytest.importorskip("torch")
