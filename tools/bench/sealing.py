@@ -122,6 +122,9 @@ def main(argv=None) -> int:
                     help="a session takes at most one turn this often (seconds), so both servers seal about as "
                          "often and the neighbours' loss compares per seal")
     ap.add_argument("--lanes", type=int, default=4)
+    ap.add_argument("--threads", type=int,
+                    help="the engine's threads on both servers (default: the engine's own). With one thread on two "
+                         "cores, a core is left for the seal's writer thread")
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--server-pythonpath", metavar="DIR",
                     help="run the servers from another checkout: DIR holds a 'superfluid' link to it (to compare "
@@ -131,7 +134,8 @@ def main(argv=None) -> int:
         from superfluid.core.default_model import default_model_path
         args.model = default_model_path()
     work = Path(tempfile.mkdtemp(prefix="sealing-bench-"))
-    common = ["--max-batch", str(args.lanes), "--max-context", "4096"]
+    common = ["--max-batch", str(args.lanes), "--max-context", "4096",
+              *(["--threads", str(args.threads)] if args.threads else [])]
     servers = {"sealing": start(args.model, [*common, "--park", "--state-dir", str(work / "state")],
                                 work / "sealing.log", args.server_pythonpath),
                "plain": start(args.model, common, work / "plain.log", args.server_pythonpath)}
