@@ -146,9 +146,9 @@ class Transformer(nn.Module):
         """(Re)make the derived float32 constants (RoPE tables, Gemma's embedding scale) on ``device``:
         never loaded from a file, so a model built on the meta device needs them made afresh."""
         with torch.device("cpu"):  # even inside build()'s meta device: see unfilled.py for why
-            inv_freq = {kind: rope_inv_freq(self.shape, local=kind == "local") for kind in ("global", "local")}
-        self.register_buffer("inv_freq_global", inv_freq["global"].to(device), persistent=False)
-        self.register_buffer("inv_freq_local", inv_freq["local"].to(device), persistent=False)
+            inv_global, inv_local = rope_inv_freq(self.shape, local=False), rope_inv_freq(self.shape, local=True)
+        self.register_buffer("inv_freq_global", inv_global.to(device), persistent=False)
+        self.register_buffer("inv_freq_local", inv_local.to(device), persistent=False)
         self.rope_attention = rope.attention_factor(self.shape.rope_scaling)  # YaRN's cos/sin factor (global layers)
         # HF keeps sqrt(hidden) as a float32 buffer and casts it to the weights' dtype: same here.
         self.register_buffer("embed_scale", torch.tensor(self.shape.embed_scale, device=device), persistent=False)
