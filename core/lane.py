@@ -131,7 +131,7 @@ class Lane:
     def tick_passed(self, served: bool, passed_over: bool = True) -> None:
         """Another tick went by: one more it waited for, unless it was served (queued lanes never
         are). Starvation is counted in these. A running lane that was not ``passed_over`` (only
-        older lanes of its class or above were served) waited its turn: the count stays."""
+        lanes of its class or above admitted no later were served) waited its turn: the count stays."""
         if served:
             self.waited_ticks = 0
         elif passed_over:

@@ -98,18 +98,21 @@ class Scheduler:
         return plan
 
     def _age_prefilling(self, planned: set[int]) -> None:
-        """Admitted lanes left without prefill age toward starvation too, but only when a newer
-        lane or one of a higher class was fed instead: behind older lanes of its own class a lane
-        is waiting its turn (shortest remaining prompt first), which ends when theirs do."""
+        """Admitted lanes left without prefill age toward starvation too, but only when a lane
+        admitted after them, or one of a higher class, was fed instead. Behind a lane of its own
+        class admitted no later, a lane is waiting its turn (shortest remaining prompt first),
+        which ends when that lane's prompt does: lanes admitted in one pass are a fixed set, and
+        were the one fed first (the shortest, a requeued lane or one a cached prefix seeded) to
+        age the others, they would all starve together and take a chunk each in turn, and every
+        first token among them would come late."""
         prefilling = [l for l in self.lanes if l.is_prefilling]
-        age = {id(l): i for i, l in enumerate(sorted(self.lanes, key=lambda l: l.seniority))}
         served = [l for l in prefilling if l.slot in planned]
         for lane in prefilling:
             if lane.slot in planned:
                 lane.tick_passed(served=True)
                 continue
-            passed = any(age[id(s)] > age[id(lane)] or qos.priority(s.qos) < qos.priority(lane.qos)
-                         for s in served)
+            passed = any((s.admitted_at or 0.0) > (lane.admitted_at or 0.0)
+                         or qos.priority(s.qos) < qos.priority(lane.qos) for s in served)
             lane.tick_passed(served=False, passed_over=passed)
 
     def _admit(self, now: float) -> None:

@@ -93,9 +93,10 @@ def prefill_order(lanes: list[Lane], settings) -> list[Lane]:
     Shortest remaining first makes equal-class agents prefill in turn: the lane that has started
     has the least left, so it keeps the budget until its first token, and the others' first tokens
     come as they would one at a time, instead of all late together. A lane starves
-    (``waited_ticks`` reaches ``starvation_ticks``) only when newer or higher-class lanes took the
-    prefill it waited for (the scheduler counts it so, see ``Lane.tick_passed``); waiting behind an
-    older lane of its own class is its turn, not starvation. A starving lane then gets the next
+    (``waited_ticks`` reaches ``starvation_ticks``) only when lanes admitted after it, or of a
+    higher class, took the prefill it waited for (the scheduler counts it so, see
+    ``Lane.tick_passed``); waiting behind a lane of its own class admitted no later (in the same
+    pass, too) is its turn, not starvation. A starving lane then gets the next
     chunk, which bounds how long a long prompt waits behind a stream of short ones.
 
     The spec orders "starving lanes first, then by class"; interactive and completion lanes
