@@ -2,11 +2,15 @@
 interactive class. Reports the chat's time to first token on each target, and the agents' own
 first tokens (mean and p90) against what serving them one at a time would give.
 
-The one-at-a-time reference comes from a lone agent measured first on the same target (a prompt
-of the same length no other request shares): its first-token time gives the prefill rate, and
-serving the burst's prompts one after another, shortest first, at that rate gives each agent's
-first token at the sum of the prompts before it and its own. For equal prompts that is the lone
-time × (n+1)/2 on average. ``--no-reference`` skips the lone agent.
+The one-at-a-time reference comes from a lone agent on the same target (a prompt of the same
+length no other request shares), sent once before the burst and once after it: the mean of their
+first-token times gives the prefill rate, and serving the burst's prompts one after another,
+shortest first, at that rate gives each agent's first token at the sum of the prompts before it
+and its own. For equal prompts that is the lone time × (n+1)/2 on average. Two lone agents, one
+either side, because a 2-core cloud machine's speed drifts: the same lone prompt took 28 s and
+36 s on one server twenty minutes apart, and a reference taken at one end of a four-minute burst
+moved the ratio by that much. The ratio against the lone agent before the burst alone is
+reported too. ``--no-reference`` skips both lone agents.
 
     python -m tools.bench.agents_chat --target superfluid=http://127.0.0.1:8080 \\
         --target llama-server=http://127.0.0.1:8081 --prompt-tokens 6000
@@ -89,8 +93,10 @@ def one_at_a_time(prompt_tokens: list[int], lone_tokens: int, lone_ttft: float) 
     return out
 
 
-def agent_summary(results: list[dict], lone: dict | None) -> dict:
-    """The burst's agent first tokens (mean, p90, each) and, with a lone agent, the reference."""
+def agent_summary(results: list[dict], lone: dict | None, lone_after: dict | None = None) -> dict:
+    """The burst's agent first tokens (mean, p90, each) and, with lone agents, the reference: from
+    the mean of the lone agents' first-token times (both, where the one after the burst came),
+    and from the one before alone (``*_before``)."""
     firsts = [r["ttft"] for r in results if r["ttft"] is not None]
     out: dict = {"agent_ttfts_s": sorted(firsts)}
     if not firsts:
@@ -98,12 +104,20 @@ def agent_summary(results: list[dict], lone: dict | None) -> dict:
     out["agent_ttft_mean_s"] = sum(firsts) / len(firsts)
     out["agent_ttft_p90_s"] = percentile(firsts, 0.9)
     tokens = [r["prompt_tokens"] for r in results]
-    if lone and lone.get("ttft") and lone.get("prompt_tokens") and all(tokens):
-        ref = one_at_a_time(tokens, lone["prompt_tokens"], lone["ttft"])
-        out["lone_ttft_s"], out["lone_prompt_tokens"] = lone["ttft"], lone["prompt_tokens"]
-        out["reference_mean_s"] = sum(ref) / len(ref)
-        out["reference_p90_s"] = percentile(ref, 0.9)
-        out["mean_over_reference"] = out["agent_ttft_mean_s"] / out["reference_mean_s"]
+    if not (lone and lone.get("ttft") and lone.get("prompt_tokens") and all(tokens)):
+        return out
+    out["lone_ttft_s"], out["lone_prompt_tokens"] = lone["ttft"], lone["prompt_tokens"]
+    lones = [lone]
+    if lone_after and lone_after.get("ttft") and lone_after.get("prompt_tokens"):
+        out["lone_after_ttft_s"] = lone_after["ttft"]
+        lones.append(lone_after)
+    for suffix, used in (("", lones), ("_before", [lone])):
+        rate = sum(l["ttft"] / l["prompt_tokens"] for l in used) / len(used)  # seconds a prompt token
+        ref = one_at_a_time(tokens, 1, rate)
+        out[f"reference_mean{suffix}_s"] = sum(ref) / len(ref)
+        out[f"reference_p90{suffix}_s"] = percentile(ref, 0.9)
+        out[f"mean_over_reference{suffix}"] = out["agent_ttft_mean_s"] / out[f"reference_mean{suffix}_s"]
+        out[f"p90_over_reference{suffix}"] = out["agent_ttft_p90_s"] / out[f"reference_p90{suffix}_s"]
     return out
 
 
@@ -142,9 +156,16 @@ async def run_target(name, base, args):
         await asyncio.sleep(args.chat_delay)
         chat = await _chat(session, base, model, args.timeout)
         results = await asyncio.gather(*agents)
+        wall = time.monotonic() - t0
+        lone_after = None
+        if not args.no_reference:  # the machine's speed drifts: a second reference after the burst
+            lone_after = await _agent(session, base, model, agent_prompt(args.agents + 1, args.prompt_tokens),
+                                      args.agent_tokens, args.timeout, args.ignore_eos)
+            print(f"{name}: lone agent after the burst: first token {lone_after['ttft']} s",
+                  file=sys.stderr, flush=True)
     out = {"target": name, "base": base, "chat_ttft_s": chat["ttft"], "chat_total_s": chat["seconds"],
            "agents_ok": sum(r["ok"] for r in results), "agents": results, "lone": lone,
-           "wall_s": time.monotonic() - t0, **agent_summary(results, lone)}
+           "lone_after": lone_after, "wall_s": wall, **agent_summary(results, lone, lone_after)}
     print(f"{name}: chat TTFT {chat['ttft']:.3f} s; {out['agents_ok']}/{len(results)} agents done, "
           f"first tokens {[round(t, 1) for t in out['agent_ttfts_s']]} s, "
           f"prompt tokens {[r['prompt_tokens'] for r in results]}, wall {out['wall_s']:.1f} s",
@@ -175,12 +196,15 @@ def main(argv=None) -> int:
     for spec in args.target:
         name, _, base = spec.partition("=")
         results.append(asyncio.run(run_target(name, base.rstrip("/"), args)))
-    print("| target | chat TTFT (s) | agents' first token mean (s) | p90 (s) | one-at-a-time mean (s) "
-          "| mean / reference | agents completed | wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| target | chat TTFT (s) | lone agent before / after (s) | agents' first token mean (s) | p90 (s) "
+          "| one-at-a-time mean (s) | mean / reference | p90 / reference | mean / reference before "
+          "| agents completed | wall (s) |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['target']} | {_cell(r['chat_ttft_s'])} | {_cell(r.get('agent_ttft_mean_s'), '{:.1f}')} "
+        lones = f"{_cell(r.get('lone_ttft_s'), '{:.1f}')} / {_cell(r.get('lone_after_ttft_s'), '{:.1f}')}"
+        print(f"| {r['target']} | {_cell(r['chat_ttft_s'])} | {lones} | {_cell(r.get('agent_ttft_mean_s'), '{:.1f}')} "
               f"| {_cell(r.get('agent_ttft_p90_s'), '{:.1f}')} | {_cell(r.get('reference_mean_s'), '{:.1f}')} "
-              f"| {_cell(r.get('mean_over_reference'))} | {r['agents_ok']}/{len(r['agents'])} | {r['wall_s']:.1f} |")
+              f"| {_cell(r.get('mean_over_reference'))} | {_cell(r.get('p90_over_reference'))} "
+              f"| {_cell(r.get('mean_over_reference_before'))} | {r['agents_ok']}/{len(r['agents'])} | {r['wall_s']:.1f} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results}, fh, indent=2)
