@@ -59,7 +59,9 @@ class ParkedKV:
                 bits = int(data["bits"]) if "bits" in data else 0
                 if bits != self.kv_bits:
                     return 0
-                if "k0" in data or "bf16" in data:  # written before the per-array layout: keys, values
+                # written before the per-array layout (keys, values and one "bf16" flag); a model
+                # of 17 layers or more has a "bf16" in this layout too: layer 16's flags
+                if "k0" in data or ("bf16" in data and "bf0" not in data):
                     bf16 = bool(data["bf16"])
                     layers = [[(data[f"k{i}"], bf16), (data[f"v{i}"], bf16)] for i in range(int(data["layers"]))]
                 else:

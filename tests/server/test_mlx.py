@@ -153,6 +153,32 @@ def test_park_restore_copy_and_files(tiny, tmp_path):
     assert missing.lanes[7].restore_failed
 
 
+def test_a_park_file_of_seventeen_layers_or_more_loads(tmp_path):
+    """Layer 16's flags are saved as "bf16", the name the older layout's one flag had: a park file
+    of SmolLM2 (30 layers) was read as the older layout and never loaded, so a session recovered
+    after a restart prefilled its whole conversation again on MLX."""
+    import numpy as np
+
+    from superfluid.plugins.mlx.parking import ParkedKV
+
+    class Runner(ParkedKV):
+        n_layers, kv_bits = 30, 0
+
+        def __init__(self):
+            self.parked = {}
+
+    runner = Runner()
+    cells = np.arange(3 * 5 * 8, dtype=np.float32).reshape(1, 3, 5, 8)
+    runner.parked["k"] = (5, [[(cells + i, False), (cells - i, False)] for i in range(30)])
+    path = tmp_path / "s.kv"
+    with open(path, "wb") as f:
+        runner.save_writer("k")(f)
+    assert runner.load(str(path), "back") == runner._nbytes(runner.parked["k"]) > 0
+    n, layers = runner.parked["back"]
+    assert n == 5 and len(layers) == 30
+    assert np.array_equal(layers[16][0][0], cells + 16) and np.array_equal(layers[29][1][0], cells - 29)
+
+
 @pytest.mark.parametrize("request_", ["request_stop", "request_yield"])
 def test_stop_flag_ends_tick_between_steps(tiny, request_):
     model, vocab = tiny
