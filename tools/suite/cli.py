@@ -24,9 +24,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="GGUF file (default: the default model)")
     p.add_argument("--out", default="suite-out", help="folder for suite.json, the charts and server logs")
     p.add_argument("--resume", action="store_true",
-                   help="keep the outcomes already in OUT/suite.json for the scenarios not run now (finish "
-                        "a run that was stopped, or run one scenario again); the JSON says which came from "
-                        "the earlier run")
+                   help="keep the outcomes already in OUT/suite.json for the scenarios and targets not run now "
+                        "(finish a run that was stopped, or run one scenario again on one target); the JSON "
+                        "says which came from the earlier run")
     p.add_argument("--engine", help="superfluid's engine (default: llamacpp); basert runs in-process, so "
                    "worker kill is n/a for it")
     p.add_argument("--no-qos", action="store_true",
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     kept, earlier = [], None
     if args.resume and (out / "suite.json").exists():
         previous, doc = report.read_json(out / "suite.json")
-        now = {m.KEY for m in scenarios}
-        kept = [o for o in previous if o.scenario not in now]
+        now = {(m.KEY, name) for m in scenarios for _k, name in kinds}  # a rerun of one target keeps the others
+        kept = [o for o in previous if (o.scenario, o.target) not in now]
         earlier = {"command": doc.get("command"), "date": doc.get("date"),
                    "kept": [f"{o.scenario}/{o.target}" for o in kept]}
 
