@@ -179,6 +179,37 @@ def test_a_park_file_of_seventeen_layers_or_more_loads(tmp_path):
     assert np.array_equal(layers[16][0][0], cells + 16) and np.array_equal(layers[29][1][0], cells - 29)
 
 
+def test_a_restarted_server_restores_a_seventeen_layer_session_from_its_park_file(tmp_path):
+    """The same on a real server: a session's KV persisted at SIGTERM is restored by the next
+    daemon's first turn instead of prefilled (17 layers, so layer 16's flags are in the file)."""
+    from .serverproc import ServerProcess
+
+    model = str(write_tiny_llama(tmp_path / "tiny17.gguf", quant="Q8_0", n_layer=17, n_embd=64, n_ff=128))
+    args = ["--model", model, "--model-name", "tiny", "--engine", "mlx", "--max-context", "2048",
+            "--state-dir", str(tmp_path / "state"), "--park", "--max-batch", "2"]
+    system = "You are a careful assistant for a library. Answer briefly and politely. " * 4
+
+    def turn(srv, sid, text):
+        status, body = srv.call("POST", f"/v1/sessions/{sid}/turns", {
+            "messages": [{"role": "user", "content": text}], "max_tokens": 8, "temperature": 0})
+        assert status == 200, body
+        return body["usage"]
+
+    srv = ServerProcess(args, tmp_path / "first.log")
+    try:
+        sid = srv.call("POST", "/v1/sessions", {"system": system})[1]["id"]
+        turn(srv, sid, "Where is the library?")
+    finally:
+        assert srv.stop() == 0, srv.log()
+    assert "persisted 1 sessions" in srv.log()
+    srv = ServerProcess(args, tmp_path / "second.log")
+    try:
+        usage = turn(srv, sid, "Thank you.")
+    finally:
+        srv.stop()
+    assert usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] * 0.7, usage
+
+
 @pytest.mark.parametrize("request_", ["request_stop", "request_yield"])
 def test_stop_flag_ends_tick_between_steps(tiny, request_):
     model, vocab = tiny
