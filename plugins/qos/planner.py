@@ -18,7 +18,8 @@ from .groups import adapter_group
 from .options import OPTIONS
 
 STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
-MIN_STEP = 128                  # (engines that cannot abort a step in flight)
+MIN_STEP = 128                  # (engines that cannot abort a step in flight) ...
+STEP_CEILING_S = 2.0            # ... unless that many tokens take longer than this
 PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
 PREFILL_CAP_BUSY_S = 8.0
 CHUNK = 512                     # whole chunks of this size ...
@@ -52,21 +53,28 @@ def prefill_budget(costs, capabilities, settings, admitting: bool) -> int:
 
 def step_tokens(costs, capabilities) -> int:
     """Tokens per engine step: the engine's micro-batch, smaller on a model so slow (or a context so
-    long) that one would take more than STEP_TARGET_S, so a stop request never waits long."""
+    long) that one would take more than STEP_TARGET_S, so a stop request never waits long.
+
+    Smaller steps cost an accelerator its batching, so a step keeps MIN_STEP tokens at least,
+    but never more than STEP_CEILING_S holds: MLX's CPU kernels take 0.1 s a prompt token, and a
+    128-token step there (13 s) held a dropped request's lane, or a chat's preemption, that long.
+    Such kernels gain little from batching (their decode is barely slower a token)."""
     full = max(capabilities.prefill_step_tokens, 1)
     if capabilities.aborts_mid_step:
         return full
-    fit = int(STEP_TARGET_S / max(costs.prefill_per_token(), 1e-7))
+    per_token = max(costs.prefill_per_token(), 1e-7)
+    fit = int(STEP_TARGET_S / per_token)
     if fit >= full:
         return full
-    return max(MIN_STEP, (fit // 32) * 32)
+    floor = max(1, min(MIN_STEP, int(STEP_CEILING_S / per_token)))
+    return max(floor, (fit // 32) * 32)
 
 
 def stream_step(costs, capabilities, settings, budget: int, step: int) -> int:
     """Prefill tokens a tick may hold while a client reads a stream: what the busy tick target
     prefills, in one engine step (at least one token). A stream sees nothing between two tick
-    ends, so a 512-token step (about 2 s of SmolLM2 on 2 CPU cores) or MLX's 128-token floor (about
-    13 s on its CPU kernels, 0.1 s a prompt token) would be that long a gap in every stream while a
+    ends, so a 512-token step (about 2 s of SmolLM2 on 2 CPU cores) or a step of STEP_CEILING_S
+    (20 tokens of MLX's CPU kernels, 0.1 s a prompt token) would be that long a gap in every stream while a
     newcomer prefills; held to the target, each gap is one target's prefill and one decode round.
     The newcomer's prompt then takes more, smaller steps: its first token comes later, the streams
     flow."""

@@ -874,6 +874,21 @@ def test_streamed_lanes_hold_a_newcomers_prefill_to_the_busy_target_in_one_small
     assert p.prefill_tokens == max(p.step_tokens, int(BUSY_TARGET_S / rate))
 
 
+def test_a_step_keeps_its_floor_only_while_the_floor_fits_the_ceiling():
+    """An engine that cannot abort a step in flight: steps shrink toward what 0.5 s holds, but keep
+    128 tokens (an accelerator's batching) unless 128 tokens take more than 2 s. On MLX's CPU
+    kernels (0.1 s a prompt token) a 128-token step held a dropped request or a chat's preemption
+    for 13 s; there a step holds what 2 s does."""
+    def step(rate):
+        return planner.step_tokens(measured(prefill=rate), CAPS)
+    assert step(1e-5) == CAPS.prefill_step_tokens                      # fast: the engine's own step
+    assert step(0.004) == 128                                          # 0.5 s holds 125: the floor
+    assert step(0.0155) == 128 and 128 * 0.0155 <= 2.0                 # the floor still fits 2 s
+    assert step(0.1) == 20                                             # MLX on CPU: 2 s, not 12.8 s
+    assert step(3.0) == 1                                              # a token at least
+    assert all(step(r) * r <= 2.0 for r in (0.016, 0.05, 0.1, 1.0))
+
+
 # ---- quiet ticks ------------------------------------------------------------------------------------
 
 QUIET = {"quiet-ticks": True}
