@@ -1,11 +1,18 @@
 """The measured cost model: seconds per prefill token and per decode round, per model.
 
 Planners size ticks from these numbers instead of constants, so the same policy fits a 135M model
-on two CPU cores and a 4B model on a GPU. Every tick's step timings update them (an EMA)."""
+on two CPU cores and a 4B model on a GPU. Every tick's step timings update them (an EMA).
+
+The first real measurement of each replaces the starting guess instead of moving it a quarter of
+the way: the guess (2 ms a prompt token) is 50 times too fast for MLX's CPU kernels, and an EMA
+from it took six 12-second steps to get near the real rate, while a dropped request or a chat
+waited behind each of them."""
 
 from __future__ import annotations
 
 from .tick import StepTiming
+
+CALIBRATION_TOKENS = 16  # a prefill step this long or longer measures the rate, not the overhead
 
 
 class CostModel:
@@ -16,6 +23,7 @@ class CostModel:
         self._decode: dict[int, float] = {}
         self._decode_default = decode_s_per_round
         self.samples = 0
+        self.prefill_measured = False  # a step of CALIBRATION_TOKENS or more has set the rate
 
     def prefill_per_token(self) -> float:
         return self._prefill
@@ -49,9 +57,13 @@ class CostModel:
             elif step.prefill_tokens > 0:
                 decode_part = self.decode_round(step.decode_tokens) if step.decode_tokens else 0.0
                 per_token = max(step.seconds - decode_part, step.seconds * 0.5) / step.prefill_tokens
-                # Tiny steps are dominated by fixed overhead; weigh them less.
-                weight = self.alpha * min(1.0, step.prefill_tokens / 64)
-                self._prefill += weight * (per_token - self._prefill)
+                if not self.prefill_measured and step.prefill_tokens >= CALIBRATION_TOKENS:
+                    self._prefill = per_token  # the first measurement replaces the guess
+                    self.prefill_measured = True
+                else:
+                    # Tiny steps are dominated by fixed overhead; weigh them less.
+                    weight = self.alpha * min(1.0, step.prefill_tokens / 64)
+                    self._prefill += weight * (per_token - self._prefill)
             self.samples += 1
 
     def _ema_decode(self, n: int, seconds: float) -> None:

@@ -20,6 +20,7 @@ from .options import OPTIONS
 STEP_TARGET_S = 0.5             # one engine step's work, so an early stop lands within this
 MIN_STEP = 128                  # (engines that cannot abort a step in flight) ...
 STEP_CEILING_S = 2.0            # ... unless that many tokens take longer than this
+PROBE_STEP = 32                 # (such an engine's steps until a prefill has been measured)
 PREFILL_CAP_ADMITTING_S = 0.5   # while a newcomer could be admitted at the end of the tick
 PREFILL_CAP_BUSY_S = 8.0
 CHUNK = 512                     # whole chunks of this size ...
@@ -58,10 +59,15 @@ def step_tokens(costs, capabilities) -> int:
     Smaller steps cost an accelerator its batching, so a step keeps MIN_STEP tokens at least,
     but never more than STEP_CEILING_S holds: MLX's CPU kernels take 0.1 s a prompt token, and a
     128-token step there (13 s) held a dropped request's lane, or a chat's preemption, that long.
-    Such kernels gain little from batching (their decode is barely slower a token)."""
+    Such kernels gain little from batching (their decode is barely slower a token).
+
+    Until a prefill step has been measured the rate is a guess, so such an engine's first steps
+    are PROBE_STEP tokens: on MLX's CPU kernels a step sized from the guess took 12.5 s."""
     full = max(capabilities.prefill_step_tokens, 1)
     if capabilities.aborts_mid_step:
         return full
+    if not getattr(costs, "prefill_measured", True):
+        return min(full, PROBE_STEP)
     per_token = max(costs.prefill_per_token(), 1e-7)
     fit = int(STEP_TARGET_S / per_token)
     if fit >= full:

@@ -52,18 +52,33 @@ def test_decode_observations_are_per_batch_size():
     assert cm.samples == 2
 
 
-def test_prefill_only_step_updates_seconds_per_token():
+def test_first_prefill_measurement_replaces_the_guess():
+    """MLX's CPU kernels take 0.1 s a prompt token against the 2 ms guess: from the guess, an EMA
+    took six steps to come near; the first step of 16 tokens or more is taken as is."""
     cm = CostModel(prefill_s_per_token=0.002, alpha=0.25)
-    cm.observe([prefill(100, 0.5)])                       # 5 ms/token observed
-    assert cm.prefill_per_token() == pytest.approx(0.002 + 0.25 * (0.005 - 0.002))
+    cm.observe([prefill(32, 3.2)])
+    assert cm.prefill_per_token() == pytest.approx(0.1)
+    assert cm.prefill_measured
+    cm.observe([prefill(64, 3.2)])                         # later ones move it by the EMA
+    assert cm.prefill_per_token() == pytest.approx(0.1 + 0.25 * (0.05 - 0.1))
     assert cm.decode_round(1) == pytest.approx(0.02)       # untouched
+
+
+def test_a_few_tokens_do_not_count_as_the_first_measurement():
+    """A 3-token step is mostly fixed overhead: it moves the guess a little and the next real
+    step still replaces it."""
+    cm = CostModel(prefill_s_per_token=0.002, alpha=0.25)
+    cm.observe([prefill(3, 0.03)])
+    assert not cm.prefill_measured
+    assert cm.prefill_per_token() == pytest.approx(0.002 + 0.25 * (3 / 64) * (0.01 - 0.002))
+    cm.observe([prefill(100, 0.5)])
+    assert cm.prefill_measured and cm.prefill_per_token() == pytest.approx(0.005)
 
 
 def test_mixed_step_subtracts_the_decode_part():
     cm = CostModel(prefill_s_per_token=0.002, decode_s_per_round=0.02, alpha=0.25)
     cm.observe([prefill(100, 0.5, decode_tokens=2)])
-    per_token = (0.5 - 0.02) / 100
-    assert cm.prefill_per_token() == pytest.approx(0.002 + 0.25 * (per_token - 0.002))
+    assert cm.prefill_per_token() == pytest.approx((0.5 - 0.02) / 100)
     # A mixed step does not move the decode table.
     assert cm.as_dict()["decode_s_per_round"] == {}
 
@@ -77,10 +92,12 @@ def test_prefill_converges_to_measured_rate():
 
 def test_small_prefill_steps_weigh_less():
     big, small = CostModel(alpha=0.25), CostModel(alpha=0.25)
+    for cm in (big, small):
+        cm.observe([prefill(64, 64 * 0.002)])              # measured: 2 ms a token
     big.observe([prefill(64, 64 * 0.01)])
-    small.observe([prefill(16, 16 * 0.01)])
+    small.observe([prefill(8, 8 * 0.01)])
     assert big.prefill_per_token() == pytest.approx(0.002 + 0.25 * 0.008)
-    assert small.prefill_per_token() == pytest.approx(0.002 + 0.25 * (16 / 64) * 0.008)
+    assert small.prefill_per_token() == pytest.approx(0.002 + 0.25 * (8 / 64) * 0.008)
 
 
 def test_interpolates_between_measured_batch_sizes():

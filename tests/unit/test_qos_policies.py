@@ -889,6 +889,18 @@ def test_a_step_keeps_its_floor_only_while_the_floor_fits_the_ceiling():
     assert all(step(r) * r <= 2.0 for r in (0.016, 0.05, 0.1, 1.0))
 
 
+def test_an_unmeasured_engine_probes_with_small_steps_then_sizes_them_from_the_measurement():
+    """A fresh server's rate is a guess (2 ms a token). An engine that cannot abort a step takes
+    32-token steps until one is measured; on MLX's CPU kernels the guess had sized 12.5 s steps.
+    One measured step is enough: MLX's 0.1 s a token then gives 2 s steps at once."""
+    fresh = CostModel()
+    assert not fresh.prefill_measured
+    assert planner.step_tokens(fresh, CAPS) == planner.PROBE_STEP == 32
+    assert planner.step_tokens(fresh, attrs.evolve(CAPS, aborts_mid_step=True)) == CAPS.prefill_step_tokens
+    fresh.observe([StepTiming(prefill_tokens=32, decode_tokens=0, seconds=3.2)])
+    assert planner.step_tokens(fresh, CAPS) == 20
+
+
 # ---- quiet ticks ------------------------------------------------------------------------------------
 
 QUIET = {"quiet-ticks": True}
