@@ -273,6 +273,8 @@ class Daemon:
                 or not session.prompt_tokens or session.state == "closed"):
             return 0
         with self._seal_lock(session):
+            if session.state == "closed":  # closed while this seal waited for the lock
+                return 0
             tokens = runtime.loop.save_prefix(session.prompt_tokens, path, **_lora(adapters))
             if tokens and session.state == "closed":  # closed while it was written: not kept
                 self.sessions._drop_artifact(session)
@@ -280,6 +282,19 @@ class Daemon:
             if tokens:
                 self.sessions.sealed(session, tokens, runtime.loop)
         return len(session.artifact_tokens or []) if tokens else 0
+
+    def settle_closed_session(self, session, wait_s: float = 10.0) -> None:
+        """After a session is closed: wait for a seal still writing its park artifact (the last
+        turn's, in the background), then delete what it wrote, so no artifact of the closed
+        session is left when this returns. Seals that start later see the session closed and
+        write nothing. Past ``wait_s`` it returns; that seal then removes its own artifact."""
+        lock = self._seal_lock(session)
+        if lock.acquire(timeout=wait_s):
+            try:
+                self.sessions.close_artifact(session)
+            finally:
+                lock.release()
+        self._seal_locks.pop(session.id, None)
 
     def _seal_lock(self, session) -> threading.Lock:
         """One KV write per session at a time (a seal, a park, the shutdown's), so two never

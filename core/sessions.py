@@ -190,6 +190,12 @@ class SessionStore:
         session.state = "closed"
         self._drop_artifact(session)
 
+    def close_artifact(self, session: Session) -> None:
+        """Delete a closed session's park artifact again: a seal that was writing it when the
+        session closed may have put it back."""
+        if session.state == "closed":
+            self._drop_artifact(session)
+
     def remove(self, session: Session) -> None:
         """Forget a session entirely: from memory, and its log and park artifact from the state dir
         (a stored response's conversation evicted by its front end's retention). A KV prefix the

@@ -195,3 +195,48 @@ def test_a_park_waits_for_the_seal_of_the_same_session(tmp_path):
     finally:
         daemon_mod.CORE_OPTIONS = orig
     assert max(overlaps) == 1
+
+
+def test_a_closed_session_keeps_no_artifact_that_its_last_seal_was_writing(tmp_path, monkeypatch):
+    """DELETE right after a turn: the turn's seal (in the background) may have its KV file on disk
+    before the tick that reports it. The close waits for that seal and deletes what it wrote, so
+    nothing of the session is on disk when the close returns, nor later; a seal asked after the
+    close writes nothing. (A fresh clone's test_sessions met the file after its DELETE.)"""
+    from superfluid.core import daemon as daemon_mod
+    from superfluid.core.daemon import Daemon
+
+    answered = threading.Event()
+
+    class Loop:
+        def save_prefix(self, tokens, path, timeout=60.0):
+            time.sleep(0.1)
+            with open(path, "wb") as f:  # the writer thread lands the file ...
+                f.write(b"K" * 10)
+            time.sleep(0.2)              # ... and the next tick reports it
+            answered.set()
+            return list(tokens)
+
+    class Runtime:
+        loop = Loop()
+        config = None
+
+    class Opts:
+        park = True
+    monkeypatch.setattr(daemon_mod, "CORE_OPTIONS", type("O", (), {"of": staticmethod(lambda _c: Opts)}))
+    daemon = Daemon.__new__(Daemon)
+    daemon.sessions = SessionStore(str(tmp_path))
+    daemon.models = {"m": Runtime()}
+    daemon._seal_locks = {}
+    s = daemon.sessions.create("m", "agent", None)
+    s.prompt_tokens = [1, 2, 3]
+    kv = daemon.sessions.artifact_path(s.id)
+    sealing = threading.Thread(target=daemon.seal_session, args=(s,))
+    sealing.start()
+    time.sleep(0.05)
+    daemon.sessions.close(s)
+    daemon.settle_closed_session(s)
+    assert answered.is_set()        # it waited for the seal ...
+    assert not os.path.exists(kv)   # ... and removed what the seal wrote
+    sealing.join()
+    assert daemon.seal_session(s) == 0 and not os.path.exists(kv)
+    assert not os.path.exists(daemon.sessions._artifact_meta(s.id))

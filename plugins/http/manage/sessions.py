@@ -86,6 +86,8 @@ class SessionRoutes:
     async def close(self, request: web.Request) -> web.Response:
         session = self._usable(request, request.match_info["sid"], idle=True)
         self.store.close(session)
+        # the last turn's seal may still be writing the artifact: it is gone when this returns
+        await asyncio.get_running_loop().run_in_executor(None, self.daemon.settle_closed_session, session)
         runtime = self.daemon.model_and_adapters(session.model)[0]
         if session.pinned_tokens is not None and runtime is not None and session.pinned_by is runtime.loop:
             runtime.loop.pin_prefix(session.pinned_tokens, pin=False)

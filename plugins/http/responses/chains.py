@@ -150,8 +150,9 @@ class Chains:
         session, n, _ = self.find(request, response_id)
         return session.extras[n].get("input") or []
 
-    def delete(self, request, response_id: str) -> None:
-        """Forget a stored response; the latest of an open session closes the session too."""
+    def delete(self, request, response_id: str):
+        """Forget a stored response; the latest of an open session closes the session too. The
+        session it closed, else None."""
         session, n, _ = self.find(request, response_id)
         if session.busy:
             raise SessionConflict(f"a response is running in the conversation of {response_id}; wait for it to "
@@ -160,6 +161,8 @@ class Chains:
         self._ids().pop(response_id, None)
         if n == session.turns and session.state != "closed":
             self.store.close(session)
+            return session
+        return None
 
 
 def _opened_here(session) -> bool:

@@ -197,7 +197,9 @@ class ResponsesRoutes:
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
-        self.chains.delete(request, response_id)
+        closed = self.chains.delete(request, response_id)
+        if closed is not None:  # its last turn's seal may still be writing the park artifact
+            await asyncio.get_running_loop().run_in_executor(None, self.daemon.settle_closed_session, closed)
         return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
     async def cancel(self, request: web.Request) -> web.Response:
