@@ -150,7 +150,9 @@ def superfluid_pick_next(queue: list[Lane], lanes: list[Lane], now: float, setti
     :param now: ``time.monotonic()`` at the start of planning.
     :param settings: the model's settings; a plugin's own options are ``OPTIONS.of(settings)``.
     :param free_lanes: free lanes now. With none free, the chosen lane is admitted only if
-        :func:`superfluid_choose_victim` names a lane to preempt for it.
+        :func:`superfluid_choose_victim` names a lane to preempt for it. A chosen lane of a class
+        that is not urgent also waits for the next tick when this tick already moves
+        ``PARK_TOKENS_PER_TICK`` tokens of evicted KV to host memory (``core/kv_room.py``).
     :param pressure: the worst OS memory pressure level now: "ok", "warning" or "critical".
 
     Called once per admitted lane per tick: keep it fast."""

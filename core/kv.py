@@ -83,6 +83,7 @@ class KVManager(KVRoom):
         plan.release.extend(self._release)
         for ops in (self._park, self._drop_parked, self._release):
             ops.clear()
+        self._park_tokens = 0
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -166,6 +167,7 @@ class KVManager(KVRoom):
         if self.settings.park and self._host_open() and held > 0:
             parked = f"{lane.id}#{lane.preemptions}"
             self._park.append((slot, parked))
+            self._park_tokens += held
             self._parked[parked] = lane
         unseeded = []
         for other in running:  # lanes still to copy their seed from this slot prefill instead
@@ -263,4 +265,5 @@ class KVManager(KVRoom):
         self._park.clear()
         self._drop_parked.clear()
         self._release.clear()
+        self._park_tokens = 0
 

@@ -130,6 +130,8 @@ class Scheduler:
                 free_lanes=self.kv.free_lanes, pressure=self.pressure) if candidates else None
             if lane is None:
                 return
+            if self.kv.parks_full() and lane.qos not in qos.URGENT:
+                return  # this tick already copies enough evicted KV: the streams would stall on more
             if slots == "full" or not self.kv.room_for(lane, self.lanes):
                 victim = self.hook.superfluid_choose_victim(lane=lane, lanes=list(self.lanes),
                                                             settings=self.settings)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from superfluid.core.prefix import MIN_HOST_TOKENS, HostTier
 
-from .fakes import prompt, run_stepped, run_threaded
+from .fakes import cached_by_slot, drive, expected, prompt, run_stepped, run_threaded, submit
 
 
 # ---- HostTier ---------------------------------------------------------------------------------------
@@ -133,3 +133,33 @@ def test_host_lru_not_refreshed_by_a_lookup_that_imports_nothing(stepped):
     assert len(loop.scheduler.kv.host) == 2
     _, lp, _ = run_stepped(loop, engine, p2, 1)
     assert lp.seed.key == "prefix-2" and lp.pos == 99
+
+
+def test_a_tick_moves_a_bounded_amount_of_evicted_kv_to_host_memory(stepped):
+    """Free slots hold 600-token caches; four agents and then a chat arrive at once. Each
+    agent's slot goes to host memory first (a copy at the start of the tick, while every stream
+    waits), so one tick parks PARK_TOKENS_PER_TICK tokens at most plus the one that crossed it,
+    and the other agents wait a tick each; the chat (an urgent class) is admitted in the first
+    tick all the same. Everything finishes with its cold output and every cache reaches host
+    memory."""
+    from superfluid.core.kv_room import PARK_TOKENS_PER_TICK
+
+    loop, engine, _, _ = stepped(max_batch=5, host_cache_bytes=1 << 30)
+    first = [submit(loop, prompt(10 * i + 1, 600), 1)[1] for i in range(4)]
+    drive(loop, engine, lambda: all(s.done.is_set() for s in first))
+    cached = list(cached_by_slot(loop).values()).count(600)
+    assert cached >= 3
+    agents = [prompt(500 + 7 * i, 50) for i in range(4)]   # no prefix shared with anything
+    sinks = [submit(loop, p, 2)[1] for p in agents]
+    chat = submit(loop, prompt(900, 30), 2, qos="interactive")[1]
+    n0 = len(engine.plans)
+    drive(loop, engine, lambda: chat.done.is_set() and all(s.done.is_set() for s in sinks))
+    plans = engine.plans[n0:]
+    parked = [600 * len(p.park) for p in plans]
+    assert all(n < PARK_TOKENS_PER_TICK + 600 for n in parked), parked
+    assert sum(parked) == cached * 600 and len([n for n in parked if n]) >= 2   # spread over ticks
+    first_slots = {lp.slot for lp in plans[0].lanes}
+    chat_slot = next(lp.slot for p in plans for lp in p.lanes if lp.pos == 0 and lp.feed[:1] == [900])
+    assert chat_slot in first_slots                                    # the chat did not wait
+    for s, p in zip(sinks + [chat], agents + [prompt(900, 30)]):
+        assert s.token_ids == expected(p, 2)
