@@ -154,10 +154,31 @@ def test_write_atomically_leaves_no_temporary_file_when_the_disk_is_full(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["a.kv"] and open(path, "rb").read() == b"old"
 
 
-def test_a_park_waits_for_the_seal_of_the_same_session(tmp_path):
-    """One KV write per session at a time: a park right after a turn does not race its seal."""
+def _parking_daemon(loop, tmp_path, monkeypatch):
+    """A Daemon with one model "m" whose loop is ``loop`` (its ``save_prefix`` stands in for the
+    engine's tick), --park on and a state dir, and one open session with a prompt; (daemon,
+    session)."""
+    from superfluid.core import daemon as daemon_mod
     from superfluid.core.daemon import Daemon
 
+    class Runtime:
+        config = None
+    Runtime.loop = loop
+
+    class Opts:
+        park = True
+    monkeypatch.setattr(daemon_mod, "CORE_OPTIONS", type("O", (), {"of": staticmethod(lambda _c: Opts)}))
+    daemon = Daemon.__new__(Daemon)
+    daemon.sessions = SessionStore(str(tmp_path))
+    daemon.models = {"m": Runtime()}
+    daemon._seal_locks = {}
+    session = daemon.sessions.create("m", "agent", None)
+    session.prompt_tokens = [1, 2, 3]
+    return daemon, session
+
+
+def test_a_park_waits_for_the_seal_of_the_same_session(tmp_path, monkeypatch):
+    """One KV write per session at a time: a park right after a turn does not race its seal."""
     active, overlaps = [0], []
 
     class Loop:
@@ -170,30 +191,12 @@ def test_a_park_waits_for_the_seal_of_the_same_session(tmp_path):
             active[0] -= 1
             return list(tokens)
 
-    class Runtime:
-        loop = Loop()
-        config = None
-
-    daemon = Daemon.__new__(Daemon)
-    daemon.sessions = SessionStore(str(tmp_path))
-    daemon.models = {"m": Runtime()}
-    daemon._seal_locks = {}
-    s = daemon.sessions.create("m", "agent", None)
-    s.prompt_tokens = [1, 2, 3]
-    import superfluid.core.daemon as daemon_mod
-
-    class Opts:
-        park = True
-    orig = daemon_mod.CORE_OPTIONS
-    daemon_mod.CORE_OPTIONS = type("O", (), {"of": staticmethod(lambda _c: Opts)})
-    try:
-        t = threading.Thread(target=daemon.seal_session, args=(s,))
-        t.start()
-        time.sleep(0.05)
-        daemon.park_session(s)
-        t.join()
-    finally:
-        daemon_mod.CORE_OPTIONS = orig
+    daemon, s = _parking_daemon(Loop(), tmp_path, monkeypatch)
+    t = threading.Thread(target=daemon.seal_session, args=(s,))
+    t.start()
+    time.sleep(0.05)
+    daemon.park_session(s)
+    t.join()
     assert max(overlaps) == 1
 
 
@@ -202,9 +205,6 @@ def test_a_closed_session_keeps_no_artifact_that_its_last_seal_was_writing(tmp_p
     before the tick that reports it. The close waits for that seal and deletes what it wrote, so
     nothing of the session is on disk when the close returns, nor later; a seal asked after the
     close writes nothing. (A fresh clone's test_sessions met the file after its DELETE.)"""
-    from superfluid.core import daemon as daemon_mod
-    from superfluid.core.daemon import Daemon
-
     answered = threading.Event()
 
     class Loop:
@@ -216,19 +216,7 @@ def test_a_closed_session_keeps_no_artifact_that_its_last_seal_was_writing(tmp_p
             answered.set()
             return list(tokens)
 
-    class Runtime:
-        loop = Loop()
-        config = None
-
-    class Opts:
-        park = True
-    monkeypatch.setattr(daemon_mod, "CORE_OPTIONS", type("O", (), {"of": staticmethod(lambda _c: Opts)}))
-    daemon = Daemon.__new__(Daemon)
-    daemon.sessions = SessionStore(str(tmp_path))
-    daemon.models = {"m": Runtime()}
-    daemon._seal_locks = {}
-    s = daemon.sessions.create("m", "agent", None)
-    s.prompt_tokens = [1, 2, 3]
+    daemon, s = _parking_daemon(Loop(), tmp_path, monkeypatch)
     kv = daemon.sessions.artifact_path(s.id)
     sealing = threading.Thread(target=daemon.seal_session, args=(s,))
     sealing.start()
