@@ -26,7 +26,7 @@ def host_buffer(size: int) -> ctypes.Array:
     from a mapping, where the kernel's zeroed pages arrive as llama.cpp writes. A fresh mapping
     still costs its page faults: a session's seal parks its whole KV (46 MB at 2,000 tokens) and
     drops it once written, and on a 2-core AMD EPYC, with the artifacts filling the page cache,
-    half of those copies took 65-140 ms against 10-20 ms into pages already mapped (a 46 MB
+    half of those copies took 85-225 ms against 10-20 ms into pages already mapped (a 46 MB
     copy: 135-140 ms into a fresh mapping, 5-6 ms into a used one). So when a buffer's last user
     drops it (the runner, or the writer thread that writes it to its artifact), its mapping
     waits here, up to SPARE_BYTES, for the next park of a size it fits."""

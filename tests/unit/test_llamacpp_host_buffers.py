@@ -1,5 +1,5 @@
 """plugins/llamacpp/buffers.py's host buffers: a dropped buffer's mapping is kept for the next park
-of a size it fits (a fresh mapping's page faults cost a seal 65-140 ms of the tick), but never
+of a size it fits (a fresh mapping's page faults cost a seal 85-225 ms of the tick), but never
 while anything still holds the buffer (the writer thread writes a dropped park key's buffer), and
 never past SPARE_BYTES."""
 
