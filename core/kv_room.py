@@ -33,8 +33,8 @@ HOST_PAUSE_S = float(os.environ.get("SUPERFLUID_TEST_HOST_PAUSE_S") or 30.0)
 # evict more wait for the next tick (urgent classes never wait). A park copies the cache out of
 # the pool at the start of the tick, while every stream waits: on a 2-core AMD EPYC, SmolLM2's KV
 # (23 KB a token) parks at about 0.45 GB/s, and eight streams arriving at once evicted seven
-# caches, 160 MB, in one tick: 0.36-0.39 s on top of the 0.25 s busy target, each stream's
-# largest gap 0.5-1.0 s instead of 0.36 s. 1,024 tokens is about 50 ms there.
+# caches, 160 MB, in one tick: 0.36-0.39 s on top of the 0.25 s busy target, the streams'
+# largest gap 0.44-0.53 s instead of 0.36 s. 1,024 tokens is about 50 ms there.
 PARK_TOKENS_PER_TICK = 1024
 
 
