@@ -103,6 +103,8 @@ class LlamaCppRunner(LoraTicks, ImageSteps, KvPositions, tick_runner.TickRunner)
         n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, slot)
         if n <= 0:
             return 0
+        if n < size:  # a reused mapping holds an older state's bytes: the tail reads as zeros, as a fresh one's
+            ctypes.memset(ctypes.addressof(buf) + n, 0, size - n)
         self.parked[key] = buf
         return n
 
