@@ -874,6 +874,33 @@ def test_streamed_lanes_hold_a_newcomers_prefill_to_the_busy_target_in_one_small
     assert p.prefill_tokens == max(p.step_tokens, int(BUSY_TARGET_S / rate))
 
 
+def test_a_stream_about_to_end_takes_its_last_rounds_before_the_prefill_goes_on():
+    """An agent's 16-token reply beside the next agent's long prompt: held to the busy target, that
+    prompt would prefill in ~60-token steps for 15 ticks (on 2 CPU cores 48-token steps run at
+    two thirds of 256-token ones). The reply's last 15 tokens go in one tick of their own
+    instead; an urgent prompt's prefill does not wait for them, nor does a stream far from its end."""
+    rate, round_s = 0.004, 0.011                                  # 22 rounds fit the busy target
+    costs = measured(prefill=rate, decode={1: round_s})
+    ending = _watched(decoding("agent", generated=1, max_tokens=16), streamed=True)
+    assert ending.remaining_tokens == 15
+    newcomer = prefilling("agent", prompt=4000)
+    p = plan([newcomer, ending], costs)
+    assert fed(p, [newcomer, ending]) == [] and p.prefill_tokens == 0
+    assert p.decode_grant == 15 and grants(p, [ending])[ending].max_new == 15
+    # a chat's prompt still prefills beside it, in the stream's small step
+    chat = prefilling("interactive", prompt=30)
+    p = plan([chat, newcomer, ending], costs)
+    assert fed(p, [chat, newcomer, ending])[0] == (chat, 30)
+    # a stream with more left than a tick holds: the prefill goes on in small steps
+    far = _watched(decoding("agent", generated=1, max_tokens=200), streamed=True)
+    p = plan([newcomer, far], costs)
+    assert fed(p, [newcomer, far]) == [(newcomer, int(BUSY_TARGET_S / rate))] and p.decode_grant == 1
+    # nobody reads the ending reply: nothing holds the prefill to small steps, nothing waits
+    unread = decoding("agent", generated=1, max_tokens=16)
+    p = plan([newcomer, unread], costs)
+    assert fed(p, [newcomer, unread]) and fed(p, [newcomer, unread])[0][0] is newcomer
+
+
 def test_a_step_keeps_its_floor_only_while_the_floor_fits_the_ceiling():
     """An engine that cannot abort a step in flight: steps shrink toward what 0.5 s holds, but keep
     128 tokens (an accelerator's batching) unless 128 tokens take more than 2 s. On MLX's CPU
