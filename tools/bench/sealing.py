@@ -70,7 +70,7 @@ async def round_on(base: str, args, rng_tag: str) -> dict:
 
         async def turns(sid: str) -> int:
             n = 1
-            while not done.is_set():
+            while not done.is_set() and (args.turns is None or n <= args.turns):
                 t = time.monotonic()
                 await turn(sid, n)
                 n += 1
@@ -121,6 +121,10 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-interval", type=float, default=1.0,
                     help="a session takes at most one turn this often (seconds), so both servers seal about as "
                          "often and the neighbours' loss compares per seal")
+    ap.add_argument("--turns", type=int, metavar="N",
+                    help="each session takes at most N turns a round, so both servers do the same work (by "
+                         "default they take turns until the neighbours finish: a server slowed by its seals "
+                         "then takes more turns in its longer round)")
     ap.add_argument("--lanes", type=int, default=4)
     ap.add_argument("--threads", type=int,
                     help="the engine's threads on both servers (default: the engine's own). With one thread on two "
