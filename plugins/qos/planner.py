@@ -187,9 +187,13 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
         floor = max(urgent_done)
         chunks = [(l, n) for l, n in chunks if qos.priority(l.qos) <= floor]
     # Streams about to end take a tick of their last rounds before the prefill goes on in full
-    # steps; an urgent prompt's prefill never waits for them.
+    # steps, when the prompts held would still be prefilling in small steps as the streams end
+    # anyway (an agent's long prompt). A prompt the small steps finish first keeps its place (a
+    # second chat's short one: its first token would wait for the whole reply), and an urgent
+    # prompt's prefill never waits.
     finish = finishing_rounds(decoding, costs, capabilities, settings) if streams and chunks else 0
-    if finish and not any(l.qos in URGENT for l, _ in chunks):
+    held = sum(l.to_feed for l, _ in chunks)
+    if finish and held > finish * budget and not any(l.qos in URGENT for l, _ in chunks):
         chunks = []
     else:
         finish = 0

@@ -878,7 +878,9 @@ def test_a_stream_about_to_end_takes_its_last_rounds_before_the_prefill_goes_on(
     """An agent's 16-token reply beside the next agent's long prompt: held to the busy target, that
     prompt would prefill in ~60-token steps for 15 ticks (on 2 CPU cores 48-token steps run at
     two thirds of 256-token ones). The reply's last 15 tokens go in one tick of their own
-    instead; an urgent prompt's prefill does not wait for them, nor does a stream far from its end."""
+    instead; an urgent prompt's prefill does not wait for them, nor does a prompt short enough to
+    end first (a second chat's first token would wait for the whole reply), nor does a stream far
+    from its end."""
     rate, round_s = 0.004, 0.011                                  # 22 rounds fit the busy target
     costs = measured(prefill=rate, decode={1: round_s})
     ending = _watched(decoding("agent", generated=1, max_tokens=16), streamed=True)
@@ -891,6 +893,10 @@ def test_a_stream_about_to_end_takes_its_last_rounds_before_the_prefill_goes_on(
     chat = prefilling("interactive", prompt=30)
     p = plan([chat, newcomer, ending], costs)
     assert fed(p, [chat, newcomer, ending])[0] == (chat, 30)
+    # a short prompt the small steps finish before the reply ends keeps its place
+    second = prefilling("agent", prompt=30)
+    p = plan([second, ending], costs)
+    assert fed(p, [second, ending]) == [(second, 30)]
     # a stream with more left than a tick holds: the prefill goes on in small steps
     far = _watched(decoding("agent", generated=1, max_tokens=200), streamed=True)
     p = plan([newcomer, far], costs)
