@@ -174,6 +174,11 @@ def table(rounds: dict[str, list[dict]], sizes: list[int]) -> str:
         lines.append(f"| {name} | {med(name, lambda r: r['tokens_per_s']):.1f} | {med(name, g('p50')):.0f} | "
                      f"{med(name, g('p99')):.0f} | {med(name, g('max')):.0f} | {med(name, lambda r: r['turns']):.0f} | "
                      f"{med(name, lambda r: r['seals']) or 0:.0f} | {med(name, lambda r: r['seal_mean_s']) or 0:.3f} |")
+    ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(rounds.get("sealing", []), rounds.get("plain", []))
+              if b["tokens_per_s"]]
+    if ratios:  # rounds run back to back, so each pair saw about the same machine: the throughput tables' method
+        lines.append(f"\nNeighbours' rate, sealing / plain, round by round: median {statistics.median(ratios):.2f} "
+                     f"(from {min(ratios):.2f} to {max(ratios):.2f}, {len(ratios)} rounds).")
     if sizes:
         lines.append(f"\nPark artifacts: {len(sizes)}, {statistics.median(sizes) / 2**20:.1f} MiB median.")
     return "\n".join(lines)
