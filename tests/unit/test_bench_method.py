@@ -246,7 +246,12 @@ def test_bench_against_fake_server():
         assert r.deltas == [FAKE_DELTAS] * r.concurrency
         assert r.completion_tokens == [2 * FAKE_DELTAS] * r.concurrency
         assert [len(g) for g in r.gaps_s] == [FAKE_DELTAS - 1] * r.concurrency
-        assert all(FAKE_GAP * 0.9 <= g < 2.0 for gs in r.gaps_s for g in gs)
+        # The fake sleeps FAKE_GAP between deltas. A delta read late (a busy machine) shortens the
+        # gap after it, so the bound on each gap is loose: a usage or [DONE] chunk counted as a
+        # delta would come within a millisecond of the last one. Their median is the fake's gap.
+        all_gaps = [g for gs in r.gaps_s for g in gs]
+        assert all(FAKE_GAP * 0.25 <= g < 2.0 for g in all_gaps)
+        assert statistics.median(all_gaps) >= FAKE_GAP * 0.9
         assert all(e["body"]["stream_options"] == {"include_usage": True}
                    for e in fake.log if e["kind"] == "chat")
     for name in ("A", "B"):
