@@ -89,9 +89,9 @@ def stream_step(costs, capabilities, settings, budget: int, step: int) -> int:
     return max(1, min(budget, step, fit))
 
 
-def finishing_rounds(decoding: list[Lane], costs, capabilities, settings) -> int:
-    """Decode rounds that end every streamed lane whose last tokens fit in one busy tick; 0 if
-    no streamed lane is that near its end.
+def finishing_rounds(decoding: list[Lane], busy_rounds: int) -> int:
+    """Decode rounds that end every streamed lane whose last tokens fit in one busy tick
+    (``busy_rounds``, the rounds the busy target holds); 0 if no streamed lane is that near its end.
 
     While a client reads a stream, a newcomer's prefill is held to what the busy target holds
     (:func:`stream_step`), and small steps prefill slower: on a 2-core AMD EPYC, SmolLM2 took a
@@ -99,9 +99,7 @@ def finishing_rounds(decoding: list[Lane], costs, capabilities, settings) -> int
     and 235-248 in 256-token ones. An agent's 16-token reply kept the next agent's prompt in
     such steps for 15 ticks. A tick of the finishing lanes' last rounds alone (15 rounds of
     SmolLM2: 0.17 s) ends their streams at once and gives the prefill its full steps back."""
-    per_round = max(costs.decode_round(max(len(decoding), 1)), 1e-6)
-    fits = max(1, int(tick_target_s(capabilities, settings, admitting=False) / per_round))
-    return max((l.remaining_tokens for l in decoding if l.request.streamed and l.remaining_tokens <= fits),
+    return max((l.remaining_tokens for l in decoding if l.request.streamed and l.remaining_tokens <= busy_rounds),
                default=0)
 
 
@@ -191,7 +189,7 @@ def plan_tick(lanes: list[Lane], queue: list[Lane], costs, capabilities, setting
     # anyway (an agent's long prompt). A prompt the small steps finish first keeps its place (a
     # second chat's short one: its first token would wait for the whole reply), and an urgent
     # prompt's prefill never waits.
-    finish = finishing_rounds(decoding, costs, capabilities, settings) if streams and chunks else 0
+    finish = finishing_rounds(decoding, base_rounds) if streams and chunks else 0
     held = sum(l.to_feed for l, _ in chunks)
     if finish and held > finish * budget and not any(l.qos in URGENT for l, _ in chunks):
         chunks = []
