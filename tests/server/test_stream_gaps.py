@@ -75,11 +75,13 @@ def test_the_stream_gaps_tool_measures_every_stream_and_arrival(full, tmp_path, 
     out = tmp_path / "gaps.json"
     assert stream_gaps.main(["--target", f"sf={full.base}", "--streams", "1", "--stream-tokens", "24",
                              "--arrivals", "1", "--arrival-tokens", "300", "--rounds", "1", "--warmup", "0",
-                             "--json", str(out)]) == 0
+                             "--token-events", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     run = doc["runs"]["sf"]["1"][0]
     assert len(run["streams"]) == 1 and all(s["completion_tokens"] == 24 for s in run["streams"])
     assert all(len(s["gaps_s"]) == s["deltas"] - 1 >= 1 for s in run["streams"])
+    # logprobs come with every token, so every content delta is also a token event
+    assert all(s["deltas"] <= s["token_events"] <= 24 for s in run["streams"])
     assert run["arrivals"][0]["ttft_s"] > 0 and run["arrivals"][0]["prompt_tokens"] > 200
     gaps = doc["summary"]["sf"]["1"]["gaps"]
     assert 0 < gaps["p50"] <= gaps["p99"] <= gaps["max"] and gaps["streams"] == 1

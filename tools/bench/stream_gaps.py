@@ -11,6 +11,11 @@ times (tools/bench/smoothness.py: p50, p99, max, worst stream's p99), from each 
 delta to its last, pooled over the measured rounds; the arrivals' first-token times say what the
 smoothness cost them.
 
+A token without text (a special token the model writes after its ignored end of turn) sends no
+content delta, so the content gap around it spans two ticks: the text's gap, not the server's.
+``--token-events`` asks for ``logprobs``, which a server sends with every token it generates,
+text or not, and reports the gaps between the chunks that carry tokens beside the content gaps.
+
     M=~/.cache/superfluid/models/SmolLM2-135M-Instruct.Q4_1.gguf
     LS=$(tools/bench/build_llama_server.sh)
     .venv/bin/python -m tools.bench.stream_gaps --target superfluid=superfluid:$M \\
@@ -84,7 +89,10 @@ async def _stream_with_start(session, base, model, text, args, started: asyncio.
     """One chat stream read to its end; ``started`` is set at its first content delta."""
     body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": args.stream_tokens,
             "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if args.token_events:
+        body["logprobs"] = True
     deltas: list[float] = []
+    token_events: list[float] = []  # chunks that carry at least one token, with text or without
     tokens = None
     sent = time.perf_counter()
     try:
@@ -95,19 +103,21 @@ async def _stream_with_start(session, base, model, text, args, started: asyncio.
             async for payload in sse_data(r.content):
                 arrived = time.perf_counter()
                 chunk = json.loads(payload)
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
+                choices = chunk.get("choices") or ()
+                if any((c.get("delta") or {}).get("content") for c in choices):
                     deltas.append(arrived)
                     started.set()
+                if any(((c.get("logprobs") or {}).get("content")) for c in choices):
+                    token_events.append(arrived)
                 usage = chunk.get("usage")
                 if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                     tokens = usage["completion_tokens"]
     finally:
         started.set()  # a stream that failed must not hold the arrivals back
     return {"ttft_s": deltas[0] - sent if deltas else None, "gaps_s": smoothness.gaps(deltas),
-            "deltas": len(deltas), "completion_tokens": tokens}
-
-
-SILENT_ALLOWED = 1  # the first token may go out with the role chunk; more is text the model left out
+            "deltas": len(deltas), "completion_tokens": tokens,
+            "token_gaps_s": smoothness.gaps(token_events) if args.token_events else None,
+            "token_events": len(token_events) if args.token_events else None}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -117,32 +127,27 @@ def summarize(runs: list[dict]) -> dict:
     tokens = [s["completion_tokens"] / s["deltas"] for run in runs for s in run["streams"]
               if s["deltas"] and s["completion_tokens"]]
     ttfts = [a["ttft_s"] for run in runs for a in run["arrivals"] if a["ttft_s"] is not None]
-    # A token with no text (a special token the model writes after its ignored end of turn) sends
-    # no delta, so the gap around it spans two ticks: the text's gap, not the server's.
-    spoken = [max(s["gaps_s"]) for run in runs for s in run["streams"] if s["gaps_s"]
-              and s["completion_tokens"] is not None and s["completion_tokens"] - s["deltas"] <= SILENT_ALLOWED]
+    token_gaps = smoothness.summarize([s["token_gaps_s"] for run in runs for s in run["streams"]
+                                       if s.get("token_gaps_s")])
     return {"gaps": gaps.to_json() if gaps else None,
-            "max_gap_all_text_s": round(max(spoken), 3) if spoken else None,
-            "streams_with_silent_tokens": sum(1 for run in runs for s in run["streams"]
-                                              if s["completion_tokens"] is not None
-                                              and s["completion_tokens"] - s["deltas"] > SILENT_ALLOWED),
+            "token_gaps": token_gaps.to_json() if token_gaps else None,
             "tokens_per_delta": round(statistics.median(tokens), 2) if tokens else None,
             "arrival_ttft_median_s": round(statistics.median(ttfts), 2) if ttfts else None,
             "arrival_ttft_max_s": round(max(ttfts), 2) if ttfts else None}
 
 
 def table(summary: dict[str, dict[int, dict]], concurrencies: list[int]) -> str:
-    head = ("| target | streams | gap p50 (s) | p99 | max | max, streams whose every token had text | "
-            "worst stream p99 | tokens/delta | arrivals' first token median / max (s) |")
+    head = ("| target | streams | gap p50 (s) | p99 | max | worst stream p99 | between tokens: p99 / max | "
+            "tokens/delta | arrivals' first token median / max (s) |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, by_c in summary.items():
         for c in concurrencies:
             row = by_c.get(c) or {}
-            g = row.get("gaps") or {}
+            g, t = row.get("gaps") or {}, row.get("token_gaps") or {}
             cell = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             lines.append(f"| {name} | {c} | {cell(g.get('p50'))} | {cell(g.get('p99'))} | {cell(g.get('max'))} | "
-                         f"{cell(row.get('max_gap_all_text_s'))} ({row.get('streams_with_silent_tokens')} left out) | "
-                         f"{cell(g.get('worst_stream_p99'))} | {row.get('tokens_per_delta')} | "
+                         f"{cell(g.get('worst_stream_p99'))} | {cell(t.get('p99'))} / {cell(t.get('max'))} | "
+                         f"{row.get('tokens_per_delta')} | "
                          f"{row.get('arrival_ttft_median_s')} / {row.get('arrival_ttft_max_s')} |")
     return "\n".join(lines)
 
@@ -156,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arrival-tokens", type=int, default=2000, help="their approximate length")
     ap.add_argument("--arrival-every", type=float, default=1.0, help="seconds between two arrivals")
     ap.add_argument("--arrival-reply", type=int, default=4, help="tokens each arrival generates")
+    ap.add_argument("--token-events", action="store_true",
+                    help="ask for logprobs, sent with every token, and report the gaps between tokens too")
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds")
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded")
     launch.add_target_options(ap, timeout=900)
@@ -182,9 +189,10 @@ def main(argv=None) -> int:
                     run.update(round=r, warmup=r < args.warmup, seconds=round(time.monotonic() - t0, 1))
                     runs[name][c].append(run)
                     row = summarize([run])
-                    g = row["gaps"] or {}
+                    g, t = row["gaps"] or {}, row["token_gaps"]
+                    between = f" (between tokens {t['max']:.3f})" if t else ""
                     print(f"round {r}{' (warm-up)' if r < args.warmup else ''} {name} streams={c}: gap p50 "
-                          f"{g.get('p50', 0):.3f} p99 {g.get('p99', 0):.3f} max {g.get('max', 0):.3f} s; "
+                          f"{g.get('p50', 0):.3f} p99 {g.get('p99', 0):.3f} max {g.get('max', 0):.3f} s{between}; "
                           f"arrivals' first token {row['arrival_ttft_median_s']} s ({run['seconds']} s)",
                           file=sys.stderr, flush=True)
     finally:
