@@ -4,14 +4,16 @@ While a client reads a stream, the planner holds each tick's prefill to what the
 holds, in one engine step (plugins/qos/planner.stream_step). Before, a newcomer's prompt went in
 512-token steps: about 2 s each on 2 cores, and the stream received one delta per step. Counted
 here, not timed: the deltas a stream receives while a long prompt prefills, against the number of
-512-token steps the prompt takes. Also the bench tool that measures the gaps
-(tools/bench/stream_gaps.py), run small against the same server."""
+512-token steps the prompt takes. Then the tick a stream about to end takes for its last rounds
+before an agent's long prefill goes on, read from the ticks /events reports. Also the bench tool
+that measures the gaps (tools/bench/stream_gaps.py), run small against the same server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -86,3 +88,60 @@ def test_the_stream_gaps_tool_measures_every_stream_and_arrival(full, tmp_path, 
     gaps = doc["summary"]["sf"]["1"]["gaps"]
     assert 0 < gaps["p50"] <= gaps["p99"] <= gaps["max"] and gaps["streams"] == 1
     assert "| sf | 1 |" in capsys.readouterr().out
+
+
+def _recent_ticks(base: str) -> list[dict]:
+    """The model's recent ticks, from the first snapshot of GET /events (its last 200 ticks)."""
+    with urllib.request.urlopen(f"{base}/events", timeout=30) as r:
+        event = None
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "snapshot":
+                return json.loads(line[5:])["models"]["smollm2"]["ticks"]
+    raise AssertionError("/events sent no snapshot")
+
+
+async def _stream_then_agent_prompt(base: str) -> tuple[float, float, float]:
+    """A short chat stream, and an agent's long prompt sent at its first delta: (the prompt's send
+    instant, the stream's last delta, the prompt's first token), wall-clock seconds as the ticks'."""
+    async with aiohttp.ClientSession() as http:
+        started, last = asyncio.Event(), [0.0]
+
+        async def stream():
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": "Describe the sea."}],
+                    "max_tokens": 24, "ignore_eos": True, "temperature": 0, "stream": True}
+            async with http.post(base + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                async for payload in sse_data(r.content):
+                    if any((c.get("delta") or {}).get("content") for c in json.loads(payload).get("choices") or ()):
+                        last[0] = time.time()
+                        started.set()
+
+        reader = asyncio.create_task(stream())
+        await asyncio.wait_for(started.wait(), 120)
+        body = {"model": "smollm2", "prompt": agent_prompt(7, 1500), "max_tokens": 1, "temperature": 0,
+                "stream": True}
+        sent, first = time.time(), None
+        async with http.post(base + "/v1/completions", json=body, headers={"x-superfluid-qos": "agent"}) as r:
+            assert r.status == 200, await r.text()
+            async for payload in sse_data(r.content):
+                if first is None and any(c.get("text") for c in json.loads(payload).get("choices") or ()):
+                    first = time.time()
+        await reader
+        return sent, last[0], first
+
+
+def test_a_stream_about_to_end_takes_its_last_rounds_before_an_agents_prefill(full):
+    """The planner's finishing tick (plugins/qos/planner.finishing_rounds) on the real engine: the
+    stream's last rounds run in one tick with no prefill, then the agent's prompt goes on in full
+    steps. Without it, every tick after the admission holds a small prefill step and one round,
+    until the stream ends. Ticks from /events: those that started after the prompt was sent."""
+    sent, stream_end, first = asyncio.run(_stream_then_agent_prompt(full.base))
+    assert first is not None and stream_end < first
+    ticks = [t for t in _recent_ticks(full.base) if t["at"] - t["seconds"] >= sent and t["at"] <= first]
+    finishing = [t for t in ticks if t["prefill_tokens"] == 0 and t["decode_tokens"] >= 8]
+    assert finishing, [(t["prefill_tokens"], t["decode_tokens"]) for t in ticks]
+    # the prefill went on after it, in steps the stream no longer held small
+    assert any(t["prefill_tokens"] > 0 and t["at"] > finishing[0]["at"] for t in ticks)
