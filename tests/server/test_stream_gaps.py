@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 
 import aiohttp
 import pytest
 
 from tools.bench import stream_gaps
 from tools.bench.agents_chat import agent_prompt
-from tools.bench.client import sse_data
+from tools.bench.client import sse_data, sse_events
 
 OLD_STEP = 512  # llama.cpp's micro-batch: what one tick prefilled before, with every lane busy
 
@@ -32,35 +31,45 @@ def full(start_server):
     return start_server("--max-batch", "2", shared=True)
 
 
+async def _read_chat_stream(http, base: str, text: str, max_tokens: int, deltas: list[float],
+                            started: asyncio.Event, clock) -> None:
+    """One greedy chat stream read to its end: ``clock()`` appended to ``deltas`` at each content
+    delta, ``started`` set at the first."""
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True}
+    async with http.post(base + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for payload in sse_data(r.content):
+            if any((c.get("delta") or {}).get("content") for c in json.loads(payload).get("choices") or ()):
+                deltas.append(clock())
+                started.set()
+
+
+async def _long_prompt(http, base: str, seed: int, clock, headers=None) -> tuple[float, float | None, int]:
+    """A 1,500-token prompt streamed for one token: (its send instant, its first token's, its
+    prompt tokens), on ``clock``."""
+    body = {"model": "smollm2", "prompt": agent_prompt(seed, 1500), "max_tokens": 1, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    sent, first, prompt_tokens = clock(), None, 0
+    async with http.post(base + "/v1/completions", json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        async for payload in sse_data(r.content):
+            chunk = json.loads(payload)
+            if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
+                first = clock()
+            prompt_tokens = (chunk.get("usage") or {}).get("prompt_tokens") or prompt_tokens
+    return sent, first, prompt_tokens
+
+
 async def _deltas_during_a_long_prefill(base: str) -> tuple[list[float], float, float, int]:
     """(the stream's delta instants, the arrival's send and first-token instants, its prompt tokens)."""
     async with aiohttp.ClientSession() as http:
         started = asyncio.Event()
         deltas: list[float] = []
-
-        async def stream():
-            body = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell a long story."}],
-                    "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
-            async with http.post(base + "/v1/chat/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                async for payload in sse_data(r.content):
-                    chunk = json.loads(payload)
-                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ()):
-                        deltas.append(time.perf_counter())
-                        started.set()
-
-        reader = asyncio.create_task(stream())
+        reader = asyncio.create_task(_read_chat_stream(http, base, "Tell a long story.", 400, deltas, started,
+                                                       time.perf_counter))
         await asyncio.wait_for(started.wait(), 120)
-        body = {"model": "smollm2", "prompt": agent_prompt(1, 1500), "max_tokens": 1, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
-        sent, first, prompt_tokens = time.perf_counter(), None, 0
-        async with http.post(base + "/v1/completions", json=body) as r:
-            assert r.status == 200, await r.text()
-            async for payload in sse_data(r.content):
-                chunk = json.loads(payload)
-                if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
-                    first = time.perf_counter()
-                prompt_tokens = (chunk.get("usage") or {}).get("prompt_tokens") or prompt_tokens
+        sent, first, prompt_tokens = await _long_prompt(http, base, 1, time.perf_counter)
         reader.cancel()
         return deltas, sent, first, prompt_tokens
 
@@ -90,16 +99,13 @@ def test_the_stream_gaps_tool_measures_every_stream_and_arrival(full, tmp_path, 
     assert "| sf | 1 |" in capsys.readouterr().out
 
 
-def _recent_ticks(base: str) -> list[dict]:
-    """The model's recent ticks, from the first snapshot of GET /events (its last 200 ticks)."""
-    with urllib.request.urlopen(f"{base}/events", timeout=30) as r:
-        event = None
-        for raw in r:
-            line = raw.decode().strip()
-            if line.startswith("event:"):
-                event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event == "snapshot":
-                return json.loads(line[5:])["models"]["smollm2"]["ticks"]
+async def _recent_ticks(base: str) -> list[dict]:
+    """The model's recent ticks, from the first snapshot of GET /events (its last 200 ticks; the
+    hello event before it names the models in a list)."""
+    async with aiohttp.ClientSession() as http, http.get(base + "/events") as r:
+        async for event in sse_events(r.content):
+            if isinstance(event, dict) and isinstance(event.get("models"), dict):
+                return event["models"]["smollm2"]["ticks"]
     raise AssertionError("/events sent no snapshot")
 
 
@@ -107,30 +113,14 @@ async def _stream_then_agent_prompt(base: str) -> tuple[float, float, float]:
     """A short chat stream, and an agent's long prompt sent at its first delta: (the prompt's send
     instant, the stream's last delta, the prompt's first token), wall-clock seconds as the ticks'."""
     async with aiohttp.ClientSession() as http:
-        started, last = asyncio.Event(), [0.0]
-
-        async def stream():
-            body = {"model": "smollm2", "messages": [{"role": "user", "content": "Describe the sea."}],
-                    "max_tokens": 24, "ignore_eos": True, "temperature": 0, "stream": True}
-            async with http.post(base + "/v1/chat/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                async for payload in sse_data(r.content):
-                    if any((c.get("delta") or {}).get("content") for c in json.loads(payload).get("choices") or ()):
-                        last[0] = time.time()
-                        started.set()
-
-        reader = asyncio.create_task(stream())
+        started = asyncio.Event()
+        deltas: list[float] = []
+        reader = asyncio.create_task(_read_chat_stream(http, base, "Describe the sea.", 24, deltas, started,
+                                                       time.time))
         await asyncio.wait_for(started.wait(), 120)
-        body = {"model": "smollm2", "prompt": agent_prompt(7, 1500), "max_tokens": 1, "temperature": 0,
-                "stream": True}
-        sent, first = time.time(), None
-        async with http.post(base + "/v1/completions", json=body, headers={"x-superfluid-qos": "agent"}) as r:
-            assert r.status == 200, await r.text()
-            async for payload in sse_data(r.content):
-                if first is None and any(c.get("text") for c in json.loads(payload).get("choices") or ()):
-                    first = time.time()
+        sent, first, _ = await _long_prompt(http, base, 7, time.time, headers={"x-superfluid-qos": "agent"})
         await reader
-        return sent, last[0], first
+        return sent, deltas[-1], first
 
 
 def test_a_stream_about_to_end_takes_its_last_rounds_before_an_agents_prefill(full):
@@ -140,7 +130,7 @@ def test_a_stream_about_to_end_takes_its_last_rounds_before_an_agents_prefill(fu
     until the stream ends. Ticks from /events: those that started after the prompt was sent."""
     sent, stream_end, first = asyncio.run(_stream_then_agent_prompt(full.base))
     assert first is not None and stream_end < first
-    ticks = [t for t in _recent_ticks(full.base) if t["at"] - t["seconds"] >= sent and t["at"] <= first]
+    ticks = [t for t in asyncio.run(_recent_ticks(full.base)) if t["at"] - t["seconds"] >= sent and t["at"] <= first]
     finishing = [t for t in ticks if t["prefill_tokens"] == 0 and t["decode_tokens"] >= 8]
     assert finishing, [(t["prefill_tokens"], t["decode_tokens"]) for t in ticks]
     # the prefill went on after it, in steps the stream no longer held small
